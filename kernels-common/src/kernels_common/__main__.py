@@ -1,0 +1,40 @@
+"""Command line: ``kernels-common report DIR`` and ``kernels-common backend``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kernels-common", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    report = commands.add_parser("report", help="gather DIR/*/results.json into DIR/index.md")
+    report.add_argument("reports_dir")
+    report.add_argument("--failed", nargs="*", default=[], help="packages whose reproduce failed")
+    report.add_argument("--expected", nargs="*", default=[], help="packages that should report")
+    commands.add_parser(
+        "backend", help="print the backend an op would use here for CPU and CUDA inputs"
+    )
+    args = parser.parse_args(argv)
+
+    if args.command == "report":
+        from kernels_common.report import write_index
+
+        print(write_index(args.reports_dir, args.failed, expected=args.expected))
+        return 0
+
+    import torch
+
+    from kernels_common.backend import resolve_backend, triton_available
+
+    print(f"triton installed: {triton_available()}; CUDA available: {torch.cuda.is_available()}")
+    print(f"CPU inputs -> {resolve_backend(None, [torch.empty(0)]).value}")
+    if torch.cuda.is_available():
+        print(f"CUDA inputs -> {resolve_backend(None, [torch.empty(0, device='cuda')]).value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""Side-by-side benchmarks: time and peak memory of several implementations on the same inputs.
+
+:func:`measure` times one callable (warm-up, then repeated timing; CUDA events on a GPU,
+``time.perf_counter`` on the CPU) and measures its peak memory in a separate call.
+:func:`compare` does that for several implementations in one process run, checks their outputs
+against a baseline, and returns a :class:`Comparison` that prints as a table of medians and ratios
+and saves as JSON + Markdown. Absolute CPU times are noisy on shared machines; the ratios measured
+in one run are what to quote.
+
+Example:
+    >>> import torch
+    >>> x = torch.randn(256, 256)
+    >>> table = compare(
+    ...     {"matmul": lambda: x @ x, "einsum": lambda: torch.einsum("ij,jk->ik", x, x)},
+    ...     baseline="matmul",
+    ...     repeat=3,
+    ...     warmup=1,
+    ... )
+    >>> sorted(row.name for row in table.rows)
+    ['einsum', 'matmul']
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernels_common.memory import peak_memory
+from kernels_common.testing import flatten_tensors
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Timing (seconds) and peak memory (bytes) of one implementation."""
+
+    median_s: float
+    q1_s: float
+    q3_s: float
+    min_s: float
+    repeat: int
+    peak_memory_bytes: int | None
+    memory_method: str | None
+
+    @property
+    def iqr_s(self) -> float:
+        """Interquartile range of the timings: the spread to read a ratio against."""
+        return self.q3_s - self.q1_s
+
+
+def _quartiles(samples: list[float]) -> tuple[float, float]:
+    if len(samples) < 2:
+        return samples[0], samples[0]
+    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return q1, q3
+
+
+def measure(
+    fn: Callable[[], Any],
+    *,
+    device: str | torch.device = "cpu",
+    warmup: int = 3,
+    repeat: int = 10,
+    memory: bool = True,
+) -> Measurement:
+    """Time ``fn()`` and measure its peak memory.
+
+    Args:
+        fn: the work to time, with its inputs already made (closures over prepared tensors).
+        device: where ``fn`` runs: ``"cuda"`` times with CUDA events and reads the CUDA allocator's
+            peak; anything else uses ``time.perf_counter`` and the process's peak RSS.
+        warmup: untimed calls first (compilation, autotuning, caches).
+        repeat: timed calls; the median is reported with the quartiles.
+        memory: also measure peak memory, in one extra call.
+    """
+    if warmup < 0 or repeat < 1:
+        raise ValueError(f"need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
+    device = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    samples: list[float] = []
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        for _ in range(repeat):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3)
+    else:
+        for _ in range(repeat):
+            start_s = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start_s)
+    peak = peak_memory(fn, device) if memory else None
+    q1, q3 = _quartiles(samples)
+    return Measurement(
+        median_s=statistics.median(samples),
+        q1_s=q1,
+        q3_s=q3,
+        min_s=min(samples),
+        repeat=repeat,
+        peak_memory_bytes=None if peak is None else peak.bytes,
+        memory_method=None if peak is None else peak.method,
+    )
+
+
+@dataclass(frozen=True)
+class Row:
+    """One implementation in a comparison, with ratios to the baseline."""
+
+    name: str
+    measurement: Measurement
+    time_ratio: float
+    memory_ratio: float | None
+    max_abs_error: float | None
+
+
+def hardware_description(device: str | torch.device = "cpu") -> str:
+    """The processor or GPU the numbers come from, for tables and READMEs."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({torch.get_num_threads()} threads)"
+    return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A side-by-side benchmark: rows in the order given, ratios against ``baseline``."""
+
+    title: str
+    baseline: str
+    rows: tuple[Row, ...]
+    device: str
+    environment: dict[str, str] = field(default_factory=dict)
+
+    def row(self, name: str) -> Row:
+        for row in self.rows:
+            if row.name == name:
+                return row
+        raise KeyError(f"no row named {name!r}; have {[r.name for r in self.rows]}")
+
+    def to_markdown(self) -> str:
+        lines = [
+            f"### {self.title}",
+            "",
+            f"{self.environment.get('hardware', self.device)}; torch "
+            f"{self.environment.get('torch', '?')}; {self.environment.get('date', '')}; ratios vs "
+            f"`{self.baseline}` (lower is better)",
+            "",
+            "| implementation | median (ms) | IQR (ms) | time ratio | peak memory (MiB) "
+            "| memory ratio | max abs err vs baseline |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for row in self.rows:
+            m = row.measurement
+            memory = "-" if m.peak_memory_bytes is None else f"{m.peak_memory_bytes / 2**20:.1f}"
+            memory_ratio = "-" if row.memory_ratio is None else f"{row.memory_ratio:.2f}x"
+            error = "-" if row.max_abs_error is None else f"{row.max_abs_error:.1e}"
+            lines.append(
+                f"| {row.name} | {m.median_s * 1e3:.3f} | {m.iqr_s * 1e3:.3f} "
+                f"| {row.time_ratio:.2f}x | {memory} | {memory_ratio} | {error} |"
+            )
+        return "\n".join(lines) + "\n"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "title": self.title,
+            "baseline": self.baseline,
+            "device": self.device,
+            "environment": self.environment,
+            "rows": [
+                {
+                    **asdict(row),
+                    "measurement": {**asdict(row.measurement), "iqr_s": row.measurement.iqr_s},
+                }
+                for row in self.rows
+            ],
+        }
+
+    def save(self, directory: str | Path, name: str) -> tuple[Path, Path]:
+        """Write ``<name>.json`` and ``<name>.md`` into ``directory``; return both paths."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        json_path, md_path = directory / f"{name}.json", directory / f"{name}.md"
+        json_path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        md_path.write_text(self.to_markdown())
+        return json_path, md_path
+
+    def __str__(self) -> str:
+        return self.to_markdown()
+
+
+def _max_abs_error(output: Any, reference: Any) -> float:
+    pairs = zip(flatten_tensors(output, "out"), flatten_tensors(reference, "out"), strict=True)
+    errors = [
+        float((a.detach().double() - b.detach().double()).abs().max())
+        for (_, a), (_, b) in pairs
+        if a is not None and b is not None and a.numel()
+    ]
+    return max(errors, default=0.0)
+
+
+def compare(
+    candidates: Mapping[str, Callable[[], Any]],
+    *,
+    baseline: str,
+    title: str = "benchmark",
+    device: str | torch.device = "cpu",
+    warmup: int = 3,
+    repeat: int = 10,
+    memory: bool = True,
+    check_outputs: bool = True,
+) -> Comparison:
+    """Benchmark ``candidates`` side by side on the same inputs, in this process.
+
+    Args:
+        candidates: name -> zero-argument callable doing the work (inputs captured, shared).
+        baseline: the name the ratios are taken against (the anchor, or the non-optimised run).
+        title: heading of the table.
+        device: where the callables run (see :func:`measure`).
+        warmup, repeat, memory: passed to :func:`measure`.
+        check_outputs: call each candidate once more and report the largest absolute difference
+            of its output from the baseline's (outputs must have the same structure); ``None``
+            entries in the table mean the check was off.
+    """
+    if baseline not in candidates:
+        raise ValueError(f"baseline {baseline!r} is not one of the candidates {list(candidates)}")
+    reference = candidates[baseline]() if check_outputs else None
+    measurements = {
+        name: measure(fn, device=device, warmup=warmup, repeat=repeat, memory=memory)
+        for name, fn in candidates.items()
+    }
+    base = measurements[baseline]
+    rows = []
+    for name, fn in candidates.items():
+        m = measurements[name]
+        memory_ratio = None
+        if m.peak_memory_bytes is not None and base.peak_memory_bytes:
+            memory_ratio = m.peak_memory_bytes / base.peak_memory_bytes
+        error = _max_abs_error(fn(), reference) if check_outputs else None
+        rows.append(Row(name, m, m.median_s / base.median_s, memory_ratio, error))
+    environment = {
+        "hardware": hardware_description(device),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "date": dt.date.today().isoformat(),
+    }
+    return Comparison(title, baseline, tuple(rows), str(torch.device(device)), environment)

@@ -1,0 +1,325 @@
+"""The kernel test contract: one reference, one implementation, the same inputs and gradients.
+
+:func:`assert_kernel_matches` runs a reference and an implementation on the same seeded inputs,
+pushes the same random output gradient through both, and compares the outputs and every input
+gradient with per-dtype tolerances, reporting the largest absolute and relative error of each.
+While the implementation runs, freshly allocated ``torch.empty`` buffers are filled with NaN
+(:func:`poison_uninitialized`), so a kernel that leaves part of its output unwritten fails instead
+of passing on whatever memory happened to hold.
+
+Example:
+    >>> import functools, torch
+    >>> from kernels_common.swiglu import swiglu
+    >>> def make_inputs(gen):
+    ...     a = torch.randn(4, 33, generator=gen, requires_grad=True)
+    ...     return {"a": a, "b": torch.randn(4, 33, generator=gen, requires_grad=True)}
+    >>> report = assert_kernel_matches(
+    ...     functools.partial(swiglu, backend="reference"),
+    ...     lambda a, b: torch.nn.functional.silu(a) * b,
+    ...     make_inputs,
+    ... )
+    >>> report.ok
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``|actual - expected| <= atol + rtol * |expected|`` elementwise."""
+
+    atol: float
+    rtol: float
+
+    def __post_init__(self) -> None:
+        if not (self.atol >= 0 and self.rtol >= 0):
+            raise ValueError(
+                f"tolerances must be non-negative, got atol={self.atol} rtol={self.rtol}"
+            )
+
+
+# torch.testing.assert_close's defaults: the rtol of each low-precision dtype is a few units of its
+# rounding (bf16 keeps 8 significant bits, 2**-8 = 3.9e-3; fp16 11 bits, 2**-11 = 4.9e-4), which is
+# what separates a correct low-precision kernel from a float32 reference. Kernels that reorder long
+# reductions pass their own, justified, tolerances.
+DEFAULT_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
+    torch.float64: Tolerance(atol=1e-7, rtol=1e-7),
+    torch.float32: Tolerance(atol=1e-5, rtol=1.3e-6),
+    torch.float16: Tolerance(atol=1e-5, rtol=1e-3),
+    torch.bfloat16: Tolerance(atol=1e-5, rtol=1.6e-2),
+}
+
+
+@dataclass(frozen=True)
+class TensorComparison:
+    """How one output or gradient of the implementation compares with the reference."""
+
+    name: str
+    dtype: torch.dtype
+    max_abs_error: float
+    max_rel_error: float
+    mismatched: int
+    numel: int
+    tolerance: Tolerance
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatched == 0
+
+    def row(self) -> str:
+        status = "ok" if self.ok else f"FAIL ({self.mismatched}/{self.numel} elements)"
+        return (
+            f"{self.name:<24} {str(self.dtype).removeprefix('torch.'):<9} "
+            f"max_abs={self.max_abs_error:.3e} max_rel={self.max_rel_error:.3e} "
+            f"(atol={self.tolerance.atol:.1e}, rtol={self.tolerance.rtol:.1e}) {status}"
+        )
+
+
+@dataclass(frozen=True)
+class KernelReport:
+    """Every comparison made by :func:`assert_kernel_matches`."""
+
+    comparisons: tuple[TensorComparison, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.comparisons)
+
+    def __getitem__(self, name: str) -> TensorComparison:
+        for comparison in self.comparisons:
+            if comparison.name == name:
+                return comparison
+        raise KeyError(f"no comparison named {name!r}; have {[c.name for c in self.comparisons]}")
+
+    def __str__(self) -> str:
+        return "\n".join(c.row() for c in self.comparisons)
+
+
+def compare_tensors(
+    name: str, actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance
+) -> TensorComparison:
+    """Compare ``actual`` with ``expected`` (any dtypes, same shape) in float64.
+
+    A NaN or infinity in ``actual`` where ``expected`` is finite counts as a mismatch with infinite
+    error; NaN in both places matches.
+    """
+    if actual.shape != expected.shape:
+        raise AssertionError(
+            f"{name}: shape {tuple(actual.shape)} != reference {tuple(expected.shape)}"
+        )
+    a = actual.detach().to("cpu", torch.float64)
+    e = expected.detach().to("cpu", torch.float64)
+    both_nan = a.isnan() & e.isnan()
+    same_inf = a.isinf() & e.isinf() & (a == e)
+    diff = (a - e).abs().masked_fill(both_nan | same_inf, 0.0).nan_to_num(nan=math.inf)
+    bad = diff > tolerance.atol + tolerance.rtol * e.abs().nan_to_num(nan=0.0, posinf=0.0)
+    rel = (diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)).masked_fill(
+        both_nan | same_inf, 0.0
+    )
+    rel = rel.nan_to_num(nan=math.inf)
+    return TensorComparison(
+        name=name,
+        dtype=actual.dtype,
+        max_abs_error=float(diff.max()) if diff.numel() else 0.0,
+        max_rel_error=float(rel.max()) if rel.numel() else 0.0,
+        mismatched=int(bad.sum()),
+        numel=diff.numel(),
+        tolerance=tolerance,
+    )
+
+
+def flatten_tensors(value: Any, prefix: str = "out") -> list[tuple[str, torch.Tensor | None]]:
+    """Name every tensor (or ``None``) in a nest of tuples, lists and dicts: ``out[1][0]``..."""
+    if value is None or isinstance(value, torch.Tensor):
+        return [(prefix, value)]
+    if isinstance(value, tuple | list):
+        return [item for i, v in enumerate(value) for item in flatten_tensors(v, f"{prefix}[{i}]")]
+    if isinstance(value, Mapping):
+        return [item for k, v in value.items() for item in flatten_tensors(v, f"{prefix}[{k!r}]")]
+    raise TypeError(
+        f"{prefix}: outputs must be tensors or tuples/lists/dicts of them, got {type(value)}"
+    )
+
+
+_EMPTY_FACTORIES = ("empty", "empty_like", "empty_strided")
+
+
+def _poison(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.is_floating_point() or tensor.is_complex():
+        return tensor.fill_(math.nan)
+    if tensor.dtype == torch.bool:
+        return tensor.fill_(True)
+    return tensor.fill_(torch.iinfo(tensor.dtype).max)
+
+
+@contextlib.contextmanager
+def poison_uninitialized() -> Iterator[None]:
+    """Fill every buffer made by ``torch.empty*`` / ``Tensor.new_empty`` with NaN while active.
+
+    Integer buffers get their dtype's maximum and booleans ``True``. Kernels that write every
+    element of their outputs are unaffected; a kernel that skips some (a masked tail, an unlaunched
+    block) now produces NaN there instead of stale memory that may happen to look right.
+    """
+    originals = {name: getattr(torch, name) for name in _EMPTY_FACTORIES}
+    original_new_empty = torch.Tensor.new_empty
+
+    def poisoned(factory: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def make(*args: Any, **kwargs: Any) -> torch.Tensor:
+            out = factory(*args, **kwargs)
+            with torch.no_grad():
+                return _poison(out)
+
+        return make
+
+    try:
+        for name, factory in originals.items():
+            setattr(torch, name, poisoned(factory))
+        torch.Tensor.new_empty = poisoned(original_new_empty)  # type: ignore[method-assign]
+        yield
+    finally:
+        for name, factory in originals.items():
+            setattr(torch, name, factory)
+        torch.Tensor.new_empty = original_new_empty  # type: ignore[method-assign]
+
+
+def _prepare(
+    inputs: Mapping[str, Any], dtype: torch.dtype | None
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Fresh leaf copies of the inputs (optionally cast), and those that need gradients."""
+    prepared: dict[str, Any] = {}
+    leaves: dict[str, torch.Tensor] = {}
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            copy = value.detach().clone()
+            if dtype is not None and copy.is_floating_point():
+                copy = copy.to(dtype)
+            if value.requires_grad:
+                copy.requires_grad_(True)
+                leaves[name] = copy
+            prepared[name] = copy
+        else:
+            prepared[name] = value
+    return prepared, leaves
+
+
+def _run(
+    fn: Callable[..., Any],
+    inputs: Mapping[str, Any],
+    dtype: torch.dtype | None,
+    grad_seed: int | None,
+) -> tuple[list[tuple[str, torch.Tensor | None]], dict[str, torch.Tensor | None]]:
+    prepared, leaves = _prepare(inputs, dtype)
+    outputs = flatten_tensors(fn(**prepared), "out")
+    grads: dict[str, torch.Tensor | None] = {}
+    differentiable = [(n, o) for n, o in outputs if o is not None and o.requires_grad]
+    if grad_seed is not None and leaves:
+        if not differentiable:
+            raise AssertionError(
+                f"inputs {sorted(leaves)} require grad but no output of {fn!r} does: the "
+                "implementation is not differentiable"
+            )
+        generator = torch.Generator().manual_seed(grad_seed)
+        grad_outputs = [
+            torch.randn(o.shape, generator=generator, dtype=torch.float32).to(o.device, o.dtype)
+            for _, o in differentiable
+        ]
+        computed = torch.autograd.grad(
+            [o for _, o in differentiable], list(leaves.values()), grad_outputs, allow_unused=True
+        )
+        grads = dict(zip(leaves, computed, strict=True))
+    return outputs, grads
+
+
+def assert_kernel_matches(
+    reference: Callable[..., Any],
+    implementation: Callable[..., Any],
+    inputs: Mapping[str, Any] | Callable[[torch.Generator], Mapping[str, Any]],
+    *,
+    seed: int = 0,
+    check_grad: bool = True,
+    reference_dtype: torch.dtype | None = torch.float32,
+    tolerances: Mapping[torch.dtype, Tolerance] | Tolerance | None = None,
+    grad_tolerances: Mapping[torch.dtype, Tolerance] | Tolerance | None = None,
+    poison: bool = True,
+) -> KernelReport:
+    """Check that ``implementation`` computes the same function as ``reference``.
+
+    Args:
+        reference: the oracle, called as ``reference(**inputs)``.
+        implementation: the code under test, called the same way.
+        inputs: keyword arguments for both, or a function of a seeded ``torch.Generator`` that
+            makes them. Floating tensors with ``requires_grad=True`` get their gradients compared;
+            non-tensor values (chunk sizes, flags) are passed through unchanged.
+        seed: seeds the input generator and the random output gradient.
+        check_grad: also compare the gradients of every ``requires_grad`` input.
+        reference_dtype: the reference runs on inputs cast to this dtype (float32 by default, so a
+            bf16 kernel is judged against an accurate answer); ``None`` keeps the inputs' dtypes.
+        tolerances: for the outputs, per dtype of the implementation's tensor, or one for all;
+            defaults to :data:`DEFAULT_TOLERANCES`.
+        grad_tolerances: the same for the gradients; defaults to ``tolerances``.
+        poison: fill ``torch.empty`` buffers with NaN while the implementation runs.
+
+    Returns:
+        The :class:`KernelReport` (every comparison passed).
+
+    Raises:
+        AssertionError: any output or gradient differs beyond tolerance; the message lists the
+            maximum absolute and relative error of every compared tensor.
+    """
+    if callable(inputs):
+        inputs = inputs(torch.Generator().manual_seed(seed))
+    grad_seed = seed + 1 if check_grad else None
+
+    expected_out, expected_grads = _run(reference, inputs, reference_dtype, grad_seed)
+    with poison_uninitialized() if poison else contextlib.nullcontext():
+        actual_out, actual_grads = _run(implementation, inputs, None, grad_seed)
+
+    if [n for n, _ in actual_out] != [n for n, _ in expected_out]:
+        raise AssertionError(
+            f"output structure differs: implementation {[n for n, _ in actual_out]}, "
+            f"reference {[n for n, _ in expected_out]}"
+        )
+
+    def tolerance_for(spec: Mapping[torch.dtype, Tolerance] | Tolerance | None, dtype: torch.dtype):
+        if isinstance(spec, Tolerance):
+            return spec
+        table = DEFAULT_TOLERANCES if spec is None else spec
+        if dtype not in table:
+            raise ValueError(f"no tolerance for dtype {dtype}; give one in the tolerances mapping")
+        return table[dtype]
+
+    comparisons: list[TensorComparison] = []
+    for (name, actual), (_, expected) in zip(actual_out, expected_out, strict=True):
+        if actual is None or expected is None:
+            if actual is not expected:
+                raise AssertionError(f"{name}: one side returned None, the other a tensor")
+            continue
+        comparisons.append(
+            compare_tensors(name, actual, expected, tolerance_for(tolerances, actual.dtype))
+        )
+    grad_spec = tolerances if grad_tolerances is None else grad_tolerances
+    for name, actual_grad in actual_grads.items():
+        expected_grad = expected_grads[name]
+        leaf = inputs[name]
+        zeros = torch.zeros(leaf.shape, dtype=leaf.dtype, device=leaf.device)
+        actual_grad = zeros if actual_grad is None else actual_grad
+        expected_grad = zeros if expected_grad is None else expected_grad
+        comparisons.append(
+            compare_tensors(
+                f"grad[{name}]", actual_grad, expected_grad, tolerance_for(grad_spec, leaf.dtype)
+            )
+        )
+
+    report = KernelReport(tuple(comparisons))
+    if not report.ok:
+        raise AssertionError(f"implementation differs from the reference:\n{report}")
+    return report

@@ -1,0 +1,102 @@
+"""Benchmark harness: timings against known sleeps, peak memory against known allocations."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from kernels_common import compare, measure, peak_memory
+
+MiB = 2**20
+
+
+def sleeper(seconds: float):
+    return lambda: time.sleep(seconds)
+
+
+def test_measure_reports_the_median_of_known_durations():
+    m = measure(sleeper(0.02), warmup=1, repeat=5, memory=False)
+    # sleep never returns early; a loaded machine may add a few ms, never 2x
+    assert 0.02 <= m.median_s < 0.04
+    assert m.min_s <= m.q1_s <= m.median_s <= m.q3_s
+    assert m.iqr_s >= 0
+    assert m.repeat == 5
+    assert m.peak_memory_bytes is None
+
+
+def test_measure_counts_warmup_and_repeat_calls():
+    calls = []
+    measure(lambda: calls.append(1), warmup=2, repeat=7, memory=True)
+    assert len(calls) == 2 + 7 + 1  # warm-up, timed, one memory pass
+
+
+def test_measure_rejects_bad_counts():
+    with pytest.raises(ValueError, match="repeat >= 1"):
+        measure(lambda: None, repeat=0)
+
+
+@pytest.mark.parametrize("size_mib", [16, 64])
+def test_peak_memory_sees_a_known_allocation_every_time(size_mib: int):
+    def allocate():
+        x = torch.ones(size_mib * MiB // 4)  # float32, touched by the fill
+        del x
+
+    allocate()  # first call pages in library code: warm-up, as measure() does
+    for _ in range(2):  # a second call must not hide behind memory freed by the first
+        peak = peak_memory(allocate)
+        assert peak.method in ("peak-rss", "tracemalloc")
+        if peak.method == "peak-rss":
+            assert size_mib * MiB * 0.95 <= peak.bytes <= size_mib * MiB * 1.1
+
+
+def test_compare_ratios_outputs_and_files(tmp_path):
+    x = torch.randn(64)
+    table = compare(
+        {
+            "fast": lambda: (time.sleep(0.01), x * 2)[1],
+            "slow": lambda: (time.sleep(0.02), x * 2 + 1e-3)[1],
+        },
+        baseline="fast",
+        title="sleep",
+        warmup=1,
+        repeat=5,
+    )
+    assert [row.name for row in table.rows] == ["fast", "slow"]
+    assert table.row("fast").time_ratio == 1.0
+    assert 1.4 < table.row("slow").time_ratio < 2.6
+    assert table.row("fast").max_abs_error == 0.0
+    assert table.row("slow").max_abs_error == pytest.approx(1e-3, rel=1e-3)
+    json_path, md_path = table.save(tmp_path, "sleep")
+    data = json.loads(json_path.read_text())
+    assert data["baseline"] == "fast"
+    assert data["rows"][1]["time_ratio"] == pytest.approx(table.row("slow").time_ratio)
+    assert "| slow |" in md_path.read_text()
+    assert "ratios vs `fast`" in md_path.read_text()
+
+
+def test_compare_memory_ratio_follows_allocations():
+    def allocate(mib):
+        return lambda: torch.ones(mib * MiB // 4).sum()
+
+    table = compare(
+        {"small": allocate(8), "large": allocate(32)}, baseline="small", warmup=0, repeat=1
+    )
+    if table.row("small").measurement.memory_method == "peak-rss":
+        assert 3.0 < table.row("large").memory_ratio < 5.0
+
+
+def test_compare_rejects_unknown_baseline():
+    with pytest.raises(ValueError, match="baseline 'torch' is not one of the candidates"):
+        compare({"a": lambda: None}, baseline="torch")
+
+
+@pytest.mark.gpu
+def test_cuda_timing_and_allocator_peak():
+    x = torch.randn(4096, 4096, device="cuda")
+    m = measure(lambda: x @ x, device="cuda", warmup=2, repeat=5)
+    assert m.memory_method == "cuda-allocator"
+    assert m.peak_memory_bytes == 4096 * 4096 * 4  # exactly one output buffer
+    assert 0 < m.median_s < 1.0

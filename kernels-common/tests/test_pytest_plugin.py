@@ -1,0 +1,65 @@
+"""The shared pytest plugin, run in a throw-away pytest session (pytester)."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+
+# Installed, the plugin loads through its entry point; from a source tree it must be named.
+LOAD = (
+    []
+    if entry_points(group="pytest11", name="kernels_common")
+    else ["-p", "kernels_common.pytest_plugin"]
+)
+
+GPU_TEST = """
+import pytest
+
+@pytest.mark.gpu
+def test_on_gpu():
+    pass
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_other_markers_are_registered():
+    pass
+"""
+
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
+
+
+@needs_no_cuda
+def test_gpu_tests_are_skipped_without_cuda(pytester: pytest.Pytester):
+    pytester.makepyfile(GPU_TEST)
+    result = pytester.runpytest(*LOAD, "--strict-markers", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*gpu test: no CUDA device is available*"])
+
+
+@needs_no_cuda
+def test_require_gpu_turns_the_skip_into_an_error(pytester: pytest.Pytester):
+    pytester.makepyfile(GPU_TEST)
+    result = pytester.runpytest(*LOAD, "--require-gpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*--require-gpu was given but no CUDA device is available*1 gpu test*"]
+    )
+
+
+def test_require_gpu_without_gpu_tests_runs_normally(pytester: pytest.Pytester):
+    pytester.makepyfile("def test_cpu():\n    pass\n")
+    result = pytester.runpytest(*LOAD, "--require-gpu")
+    result.assert_outcomes(passed=1)
+
+
+def test_unknown_markers_still_fail_under_strict_markers(pytester: pytest.Pytester):
+    pytester.makepyfile("import pytest\n\n@pytest.mark.gpuu\ndef test_typo():\n    pass\n")
+    result = pytester.runpytest(*LOAD, "--strict-markers")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*'gpuu' not found in `markers`*"])
+
+
+def test_poison_empty_fixture(poison_empty):
+    assert torch.empty(5).isnan().all()

@@ -1,0 +1,155 @@
+"""The kernel test contract must catch what it exists to catch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels_common import Tolerance, assert_kernel_matches, compare_tensors, poison_uninitialized
+from kernels_common.swiglu import swiglu_reference
+
+
+def inputs(generator: torch.Generator) -> dict[str, torch.Tensor]:
+    return {
+        "a": torch.randn(4, 9, generator=generator, requires_grad=True),
+        "b": torch.randn(4, 9, generator=generator, requires_grad=True),
+    }
+
+
+class WrongGradSwiGLU(torch.autograd.Function):
+    """Right forward; the gradient of ``a`` forgets the ``a * sigmoid'(a)`` term."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return torch.nn.functional.silu(a) * b
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        return grad * b * torch.sigmoid(a), grad * torch.nn.functional.silu(a)
+
+
+def test_correct_implementation_passes_and_reports_every_tensor():
+    report = assert_kernel_matches(
+        swiglu_reference, lambda a, b: torch.nn.functional.silu(a) * b, inputs
+    )
+    assert report.ok
+    assert [c.name for c in report.comparisons] == ["out", "grad[a]", "grad[b]"]
+    assert report["out"].max_abs_error < 1e-6
+
+
+def test_a_wrong_gradient_is_caught_and_named():
+    with pytest.raises(AssertionError) as caught:
+        assert_kernel_matches(swiglu_reference, WrongGradSwiGLU.apply, inputs)
+    message = str(caught.value)
+    assert "grad[a]" in message
+    assert "FAIL" in message.split("grad[a]")[1].splitlines()[0]
+    assert "FAIL" not in message.split("grad[b]")[1].splitlines()[0]
+
+
+def test_a_wrong_output_is_caught():
+    with pytest.raises(AssertionError, match=r"out .*FAIL"):
+        assert_kernel_matches(
+            swiglu_reference, lambda a, b: torch.nn.functional.silu(a) * b * (1 + 1e-3), inputs
+        )
+
+
+def test_gradient_check_uses_a_random_output_gradient():
+    # An implementation whose gradient is right only for grad_output == 1 must fail.
+    class OnesOnlyGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            ctx.save_for_backward(a, b)
+            return torch.nn.functional.silu(a) * b
+
+        @staticmethod
+        def backward(ctx, grad):
+            a, b = ctx.saved_tensors
+            with torch.enable_grad():
+                a_, b_ = a.detach().requires_grad_(), b.detach().requires_grad_()
+                out = torch.nn.functional.silu(a_) * b_
+                return torch.autograd.grad(out, (a_, b_), torch.ones_like(out))
+
+    with pytest.raises(AssertionError, match=r"grad\[a\].*FAIL"):
+        assert_kernel_matches(swiglu_reference, OnesOnlyGrad.apply, inputs)
+
+
+def test_unwritten_output_is_caught_by_poisoning():
+    def forgets_the_last_row(a, b):
+        out = torch.empty_like(a)
+        out[:-1] = torch.nn.functional.silu(a[:-1]) * b[:-1]
+        return out
+
+    with pytest.raises(AssertionError, match=r"out .*FAIL \(9/36 elements\)"):
+        assert_kernel_matches(swiglu_reference, forgets_the_last_row, inputs, check_grad=False)
+
+
+def test_poisoning_fills_every_empty_factory_and_restores_them():
+    original = torch.empty
+    with poison_uninitialized():
+        assert torch.empty(3).isnan().all()
+        assert torch.empty_like(torch.ones(2)).isnan().all()
+        assert torch.empty_strided((2,), (1,)).isnan().all()
+        assert torch.ones(1).new_empty(4).isnan().all()
+        assert (torch.empty(2, dtype=torch.int32) == torch.iinfo(torch.int32).max).all()
+        assert torch.empty(2, dtype=torch.bool).all()
+    assert torch.empty is original
+
+
+def test_non_differentiable_implementation_is_reported():
+    with pytest.raises(AssertionError, match=r"not differentiable"):
+        assert_kernel_matches(
+            swiglu_reference, lambda a, b: (torch.nn.functional.silu(a) * b).detach(), inputs
+        )
+
+
+def test_output_structure_must_match():
+    with pytest.raises(AssertionError, match=r"output structure differs"):
+        assert_kernel_matches(lambda a, b: (a, b), lambda a, b: (a, (b,)), inputs, check_grad=False)
+
+
+def test_reference_runs_in_float32_for_low_precision_inputs():
+    seen: list[torch.dtype] = []
+
+    def reference(a, b):
+        seen.append(a.dtype)
+        return swiglu_reference(a, b)
+
+    def bf16_inputs(generator):
+        return {k: v.detach().bfloat16().requires_grad_() for k, v in inputs(generator).items()}
+
+    assert_kernel_matches(reference, swiglu_reference, bf16_inputs)
+    assert seen == [torch.float32]
+
+
+def test_compare_tensors_errors_and_nan_handling():
+    expected = torch.tensor([1.0, 2.0, math.nan, math.inf])
+    same = compare_tensors("x", expected.clone(), expected, Tolerance(0.0, 0.0))
+    assert same.ok
+    assert same.max_abs_error == 0.0
+    off = compare_tensors(
+        "x", torch.tensor([1.0, 2.5, math.nan, math.inf]), expected, Tolerance(0.1, 0.1)
+    )
+    assert off.mismatched == 1
+    assert off.max_abs_error == pytest.approx(0.5)
+    assert off.max_rel_error == pytest.approx(0.25)
+    nan_where_finite = compare_tensors(
+        "x", torch.tensor([math.nan]), torch.tensor([1.0]), Tolerance(1, 1)
+    )
+    assert not nan_where_finite.ok
+    with pytest.raises(AssertionError, match=r"shape \(2,\) != reference \(3,\)"):
+        compare_tensors("x", torch.ones(2), torch.ones(3), Tolerance(0, 0))
+
+
+def test_tolerance_validation_and_missing_dtype():
+    with pytest.raises(ValueError, match="non-negative"):
+        Tolerance(atol=-1.0, rtol=0.0)
+
+    def int_inputs(generator):
+        return {"x": torch.arange(3)}
+
+    with pytest.raises(ValueError, match=r"no tolerance for dtype torch.int64"):
+        assert_kernel_matches(lambda x: x, lambda x: x, int_inputs, reference_dtype=None)
