@@ -43,7 +43,7 @@ def test_correct_implementation_passes_and_reports_every_tensor():
 
 def test_a_wrong_gradient_is_caught_and_named():
     with pytest.raises(AssertionError) as caught:
-        assert_kernel_matches(swiglu_reference, WrongGradSwiGLU.apply, inputs)
+        assert_kernel_matches(swiglu_reference, lambda a, b: WrongGradSwiGLU.apply(a, b), inputs)
     message = str(caught.value)
     assert "grad[a]" in message
     assert "FAIL" in message.split("grad[a]")[1].splitlines()[0]
@@ -74,7 +74,7 @@ def test_gradient_check_uses_a_random_output_gradient():
                 return torch.autograd.grad(out, (a_, b_), torch.ones_like(out))
 
     with pytest.raises(AssertionError, match=r"grad\[a\].*FAIL"):
-        assert_kernel_matches(swiglu_reference, OnesOnlyGrad.apply, inputs)
+        assert_kernel_matches(swiglu_reference, lambda a, b: OnesOnlyGrad.apply(a, b), inputs)
 
 
 def test_unwritten_output_is_caught_by_poisoning():
