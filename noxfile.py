@@ -254,21 +254,18 @@ def reproduce(session: nox.Session) -> None:
 
 
 def run_benchmarks(session: nox.Session, *, cuda: bool) -> None:
-    scripts = {m: sorted((m.path / "benchmarks").glob("bench_*.py")) for m in members().values()}
-    scripts = {m: s for m, s in scripts.items() if s}
+    scripts = {
+        key: sorted((member.path / "benchmarks").glob("bench_*.py"))
+        for key, member in members().items()
+    }
+    scripts = {key: paths for key, paths in scripts.items() if paths}
     extras = ("bench", "gpu") if cuda else ("bench",)
-    install(session, {canonicalize_name(m.name): available(m, *extras) for m in scripts}, cuda=cuda)
+    install(session, {key: available(members()[key], *extras) for key in scripts}, cuda=cuda)
     device = "cuda" if cuda else "cpu"
-    for member, paths in scripts.items():
+    for key, paths in scripts.items():
+        out = REPORTS / "bench" / members()[key].name
         for script in paths:
-            session.run(
-                "python",
-                str(script),
-                "--device",
-                device,
-                "--out",
-                str(REPORTS / "bench" / member.name),
-            )
+            session.run("python", str(script), "--device", device, "--out", str(out))
 
 
 @nox.session(python=PYTHON, default=False)
@@ -304,20 +301,11 @@ def build(session: nox.Session) -> None:
         venv = Path(session.create_tmp()) / f"venv-{member.name}"
         session.run("uv", "venv", "-q", "-p", sys.executable, str(venv), external=True)
         python = str(venv / "bin" / "python")
-        session.run(
-            "uv",
-            "pip",
-            "install",
-            "-q",
-            "-p",
-            python,
-            "-c",
-            str(constraints),
-            "--find-links",
-            str(dist),
-            str(wheels[0]),
-            external=True,
-        )
+        # dist/ for the other members' wheels; the local torch folder, if any, for torch
+        links = [str(dist), *(local_wheel_folder() or "").split()]
+        find_links = [arg for link in links for arg in ("--find-links", link)]
+        install_wheel = ["uv", "pip", "install", "-q", "-p", python, "-c", str(constraints)]
+        session.run(*install_wheel, *find_links, str(wheels[0]), external=True)
         session.run(
             python,
             "-c",

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -323,3 +325,18 @@ def assert_kernel_matches(
     if not report.ok:
         raise AssertionError(f"implementation differs from the reference:\n{report}")
     return report
+
+
+_PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def markdown_python_blocks(path: str | Path) -> list[str]:
+    """The ```` ```python ```` code blocks of a Markdown file, for tests that run README examples.
+
+    Raises:
+        ValueError: the file has no Python block (a README example test must test something).
+    """
+    blocks = _PYTHON_BLOCK.findall(Path(path).read_text())
+    if not blocks:
+        raise ValueError(f"{path} has no ```python code block")
+    return blocks
