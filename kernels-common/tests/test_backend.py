@@ -132,3 +132,13 @@ def test_tensors_inside_containers_are_seen():
         op((cpu, meta))
     with pytest.raises(ValueError, match="different device types"):
         op(cpu, state={"C": meta})
+
+
+@pytest.mark.usefixtures("triton_installed")
+@pytest.mark.parametrize(
+    ("value", "interpreted"), [("1", True), ("True", True), ("on", True), ("0", False), ("", False)]
+)
+def test_interpret_env_values_follow_triton(monkeypatch: pytest.MonkeyPatch, value, interpreted):
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    expected = Backend.INTERPRETER if interpreted else Backend.REFERENCE
+    assert resolve_backend(None, [torch.ones(1)]) is expected

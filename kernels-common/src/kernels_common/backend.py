@@ -61,8 +61,9 @@ def triton_available() -> bool:
 
 
 def interpreter_enabled() -> bool:
-    """Whether ``TRITON_INTERPRET=1`` is set, i.e. Triton kernels run on the CPU interpreter."""
-    return os.environ.get(INTERPRET_ENV_VAR, "") == "1"
+    """Whether ``TRITON_INTERPRET`` is set (to 1/true/on/yes, as Triton reads it), i.e. Triton
+    kernels run on the CPU interpreter."""
+    return os.environ.get(INTERPRET_ENV_VAR, "").strip().lower() in ("1", "true", "on", "yes")
 
 
 def _parse(name: str | Backend, source: str) -> Backend | None:
