@@ -147,4 +147,82 @@ def test_tolerance_validation_and_missing_dtype():
         return {"x": torch.arange(3)}
 
     with pytest.raises(ValueError, match=r"no tolerance for dtype torch.int64"):
-        assert_kernel_matches(lambda x: x, lambda x: x, int_inputs, reference_dtype=None)
+        assert_kernel_matches(
+            lambda x: x, lambda x: x, int_inputs, reference_dtype=None, check_grad=False
+        )
+    with pytest.raises(ValueError, match="no input requires grad"):
+        assert_kernel_matches(lambda x: x, lambda x: x, int_inputs)
+
+
+def state_inputs(generator: torch.Generator) -> dict:
+    """A recurrent-style call: a tensor and a nested state tuple, all differentiable."""
+    return {
+        "x": torch.randn(3, 4, generator=generator, requires_grad=True),
+        "state": (
+            torch.randn(3, 4, generator=generator, requires_grad=True),
+            torch.randn(3, generator=generator, requires_grad=True),
+        ),
+    }
+
+
+def step(x, state):
+    c, n = state
+    return x * c + n[:, None]
+
+
+def test_nested_inputs_are_copied_cast_and_their_gradients_compared():
+    dtypes = []
+
+    def reference(x, state):
+        dtypes.append([x.dtype, *(t.dtype for t in state)])
+        return step(x, state)
+
+    report = assert_kernel_matches(reference, step, state_inputs)
+    assert [c.name for c in report.comparisons] == [
+        "out",
+        "grad[x]",
+        "grad[state[0]]",
+        "grad[state[1]]",
+    ]
+
+    def bf16(generator):
+        made = state_inputs(generator)
+        return {
+            "x": made["x"].detach().bfloat16().requires_grad_(),
+            "state": tuple(t.detach().bfloat16().requires_grad_() for t in made["state"]),
+        }
+
+    dtypes.clear()
+    # bf16 rounds x * c (|x * c| < 16 here) to 8 bits before n is added: near-cancelling sums
+    # keep an absolute error of up to 2**-8 * 16 = 0.0625, which the atol allows for.
+    bf16_tolerance = Tolerance(atol=0.0625, rtol=1.6e-2)
+    assert_kernel_matches(reference, step, bf16, tolerances=bf16_tolerance)
+    assert dtypes == [[torch.float32] * 3]
+
+
+def test_a_detached_state_is_caught():
+    def detaches_state(x, state):
+        return step(x, tuple(t.detach() for t in state))
+
+    with pytest.raises(AssertionError, match=r"grad\[state\[0\]\].*FAIL"):
+        assert_kernel_matches(step, detaches_state, state_inputs)
+
+
+def test_float64_inputs_are_not_downcast_for_the_reference():
+    def inputs64(generator):
+        return {"a": torch.randn(50, generator=generator, dtype=torch.float64, requires_grad=True)}
+
+    def fn(a):
+        return torch.exp(a) * 1.2345678901
+
+    report = assert_kernel_matches(fn, fn, inputs64)
+    assert report["out"].max_abs_error == 0.0
+
+
+def test_differentiable_outputs_must_agree():
+    with pytest.raises(AssertionError, match="differentiable outputs differ"):
+        assert_kernel_matches(
+            lambda a, b: (a * b, a + b),
+            lambda a, b: (a * b, (a + b).detach()),
+            inputs,
+        )

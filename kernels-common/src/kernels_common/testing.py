@@ -194,23 +194,29 @@ def poison_uninitialized() -> Iterator[None]:
 
 
 def _prepare(
-    inputs: Mapping[str, Any], dtype: torch.dtype | None
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Fresh leaf copies of the inputs (optionally cast), and those that need gradients."""
-    prepared: dict[str, Any] = {}
-    leaves: dict[str, torch.Tensor] = {}
-    for name, value in inputs.items():
-        if isinstance(value, torch.Tensor):
-            copy = value.detach().clone()
-            if dtype is not None and copy.is_floating_point():
-                copy = copy.to(dtype)
-            if value.requires_grad:
-                copy.requires_grad_(True)
-                leaves[name] = copy
-            prepared[name] = copy
-        else:
-            prepared[name] = value
-    return prepared, leaves
+    value: Any, name: str, dtype: torch.dtype | None, leaves: dict[str, torch.Tensor]
+) -> Any:
+    """A fresh leaf copy of ``value`` (tensors inside tuples, lists and dicts too), floating tensors
+    promoted to at least ``dtype``; copies that need gradients are collected in ``leaves``."""
+    if isinstance(value, torch.Tensor):
+        copy = value.detach().clone()
+        if dtype is not None and copy.is_floating_point():
+            copy = copy.to(torch.promote_types(copy.dtype, dtype))  # only ever upcast
+        if value.requires_grad:
+            leaves[name] = copy.requires_grad_(True)
+        return copy
+    if isinstance(value, tuple | list):
+        return type(value)(_prepare(v, f"{name}[{i}]", dtype, leaves) for i, v in enumerate(value))
+    if isinstance(value, Mapping):
+        return {k: _prepare(v, f"{name}[{k!r}]", dtype, leaves) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
+class _Run:
+    outputs: list[tuple[str, torch.Tensor | None]]
+    differentiable: tuple[str, ...]
+    grads: dict[str, torch.Tensor | None]
 
 
 def _run(
@@ -218,12 +224,15 @@ def _run(
     inputs: Mapping[str, Any],
     dtype: torch.dtype | None,
     grad_seed: int | None,
-) -> tuple[list[tuple[str, torch.Tensor | None]], dict[str, torch.Tensor | None]]:
-    prepared, leaves = _prepare(inputs, dtype)
+) -> _Run:
+    leaves: dict[str, torch.Tensor] = {}
+    prepared = {name: _prepare(value, name, dtype, leaves) for name, value in inputs.items()}
     outputs = flatten_tensors(fn(**prepared), "out")
-    grads: dict[str, torch.Tensor | None] = {}
     differentiable = [(n, o) for n, o in outputs if o is not None and o.requires_grad]
-    if grad_seed is not None and leaves:
+    grads: dict[str, torch.Tensor | None] = {}
+    if grad_seed is not None:
+        if not leaves:
+            raise ValueError("check_grad=True but no input requires grad; mark them or pass False")
         if not differentiable:
             raise AssertionError(
                 f"inputs {sorted(leaves)} require grad but no output of {fn!r} does: the "
@@ -238,7 +247,7 @@ def _run(
             [o for _, o in differentiable], list(leaves.values()), grad_outputs, allow_unused=True
         )
         grads = dict(zip(leaves, computed, strict=True))
-    return outputs, grads
+    return _Run(outputs, tuple(n for n, _ in differentiable), grads)
 
 
 def assert_kernel_matches(
@@ -259,12 +268,15 @@ def assert_kernel_matches(
         reference: the oracle, called as ``reference(**inputs)``.
         implementation: the code under test, called the same way.
         inputs: keyword arguments for both, or a function of a seeded ``torch.Generator`` that
-            makes them. Floating tensors with ``requires_grad=True`` get their gradients compared;
-            non-tensor values (chunk sizes, flags) are passed through unchanged.
+            makes them. Tensors, also inside tuples, lists and dicts (a recurrent state), are
+            copied for each side; those with ``requires_grad=True`` get their gradients compared
+            (named like ``grad[state[0]]``); non-tensor values pass through unchanged.
         seed: seeds the input generator and the random output gradient.
-        check_grad: also compare the gradients of every ``requires_grad`` input.
-        reference_dtype: the reference runs on inputs cast to this dtype (float32 by default, so a
-            bf16 kernel is judged against an accurate answer); ``None`` keeps the inputs' dtypes.
+        check_grad: also compare the gradients of every ``requires_grad`` input (at least one
+            input must require grad).
+        reference_dtype: the reference runs on floating inputs promoted to at least this dtype
+            (float32 by default, so a bf16 kernel is judged against an accurate answer; float64
+            inputs stay float64); ``None`` keeps the inputs' dtypes.
         tolerances: for the outputs, per dtype of the implementation's tensor, or one for all;
             defaults to :data:`DEFAULT_TOLERANCES`.
         grad_tolerances: the same for the gradients; defaults to ``tolerances``.
@@ -274,21 +286,29 @@ def assert_kernel_matches(
         The :class:`KernelReport` (every comparison passed).
 
     Raises:
-        AssertionError: any output or gradient differs beyond tolerance; the message lists the
-            maximum absolute and relative error of every compared tensor.
+        AssertionError: any output or gradient differs beyond tolerance, or the two sides return
+            different structures or differentiable outputs; the message lists the errors of every
+            compared tensor.
+        ValueError: ``check_grad`` with no input requiring grad, or no tolerance for a dtype.
     """
     if callable(inputs):
         inputs = inputs(torch.Generator().manual_seed(seed))
     grad_seed = seed + 1 if check_grad else None
 
-    expected_out, expected_grads = _run(reference, inputs, reference_dtype, grad_seed)
+    expected = _run(reference, inputs, reference_dtype, grad_seed)
     with poison_uninitialized() if poison else contextlib.nullcontext():
-        actual_out, actual_grads = _run(implementation, inputs, None, grad_seed)
+        actual = _run(implementation, inputs, None, grad_seed)
 
-    if [n for n, _ in actual_out] != [n for n, _ in expected_out]:
+    actual_names = [n for n, _ in actual.outputs]
+    expected_names = [n for n, _ in expected.outputs]
+    if actual_names != expected_names:
         raise AssertionError(
-            f"output structure differs: implementation {[n for n, _ in actual_out]}, "
-            f"reference {[n for n, _ in expected_out]}"
+            f"output structure differs: implementation {actual_names}, reference {expected_names}"
+        )
+    if actual.differentiable != expected.differentiable:
+        raise AssertionError(
+            f"differentiable outputs differ: implementation {list(actual.differentiable)}, "
+            f"reference {list(expected.differentiable)}"
         )
 
     def tolerance_for(spec: Mapping[torch.dtype, Tolerance] | Tolerance | None, dtype: torch.dtype):
@@ -300,24 +320,29 @@ def assert_kernel_matches(
         return table[dtype]
 
     comparisons: list[TensorComparison] = []
-    for (name, actual), (_, expected) in zip(actual_out, expected_out, strict=True):
-        if actual is None or expected is None:
-            if actual is not expected:
+    for (name, actual_out), (_, expected_out) in zip(actual.outputs, expected.outputs, strict=True):
+        if actual_out is None or expected_out is None:
+            if actual_out is not expected_out:
                 raise AssertionError(f"{name}: one side returned None, the other a tensor")
             continue
         comparisons.append(
-            compare_tensors(name, actual, expected, tolerance_for(tolerances, actual.dtype))
+            compare_tensors(
+                name, actual_out, expected_out, tolerance_for(tolerances, actual_out.dtype)
+            )
         )
     grad_spec = tolerances if grad_tolerances is None else grad_tolerances
-    for name, actual_grad in actual_grads.items():
-        expected_grad = expected_grads[name]
-        leaf = inputs[name]
-        zeros = torch.zeros(leaf.shape, dtype=leaf.dtype, device=leaf.device)
-        actual_grad = zeros if actual_grad is None else actual_grad
-        expected_grad = zeros if expected_grad is None else expected_grad
+    leaves: dict[str, torch.Tensor] = {}
+    for name, value in inputs.items():
+        _prepare(value, name, None, leaves)
+    for name, leaf in leaves.items() if check_grad else ():
+        zeros = torch.zeros_like(leaf, requires_grad=False)
+        actual_grad, expected_grad = actual.grads[name], expected.grads[name]
         comparisons.append(
             compare_tensors(
-                f"grad[{name}]", actual_grad, expected_grad, tolerance_for(grad_spec, leaf.dtype)
+                f"grad[{name}]",
+                zeros if actual_grad is None else actual_grad,
+                zeros if expected_grad is None else expected_grad,
+                tolerance_for(grad_spec, leaf.dtype),
             )
         )
 
