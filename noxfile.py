@@ -138,19 +138,18 @@ def torch_pin() -> str:
 
 def prepare_env(session: nox.Session, *, cuda: bool = False) -> Path:
     """Point uv at the right torch and write the run's constraints; returns the constraints file."""
-    folder = local_wheel_folder()
-    if folder and not cuda:
-        session.env["UV_FIND_LINKS"] = folder
-    elif not cuda:
-        session.env.setdefault("UV_TORCH_BACKEND", os.environ.get("UV_TORCH_BACKEND", "cpu"))
-    constraints = Path(session.create_tmp()) / "constraints.txt"
     pins = [] if cuda else [torch_pin()]
+    if pins and pins[0].endswith("+cpu"):
+        session.env["UV_FIND_LINKS"] = local_wheel_folder()
+    elif not cuda:  # no local CPU wheel: the CPU wheel index, never PyPI's CUDA build
+        session.env["UV_TORCH_BACKEND"] = "cpu"
+    constraints = Path(session.create_tmp()) / "constraints.txt"
     constraints.write_text("\n".join([*pins, TRITON_RANGE]) + "\n")
     return constraints
 
 
 def ensure_apt(session: nox.Session, packages: set[str]) -> None:
-    """Install the Debian packages a member's data needs (apt-get update once per run)."""
+    """Install the Debian packages a member's data needs (apt-get update once per .nox folder)."""
     missing = sorted(
         p
         for p in packages
@@ -277,9 +276,10 @@ def bench(session: nox.Session) -> None:
 @nox.session(python=PYTHON, default=False)
 def gpu(session: nox.Session) -> None:
     """On a CUDA machine: all tests with --require-gpu (gpu tests must run), then GPU benchmarks."""
-    install(
-        session, {name: available(m, "test", "gpu") for name, m in members().items()}, cuda=True
-    )
+    os.environ.pop("UV_TORCH_BACKEND", None)  # the CUDA build from PyPI, not a CPU index
+    session.env["TRITON_INTERPRET"] = "0"  # compiled kernels, even if the caller's shell set it
+    wanted = {name: available(m, "test", "gpu") for name, m in members().items()}
+    install(session, wanted, cuda=True)
     test_dirs = [str(m.path / "tests") for m in members().values()]
     session.run("pytest", "--require-gpu", *test_dirs, *session.posargs)
     run_benchmarks(session, cuda=True)

@@ -47,9 +47,9 @@ def test_peak_memory_sees_a_known_allocation_every_time(size_mib: int):
     allocate()  # first call pages in library code: warm-up, as measure() does
     for _ in range(2):  # a second call must not hide behind memory freed by the first
         peak = peak_memory(allocate)
-        assert peak.method in ("peak-rss", "tracemalloc")
-        if peak.method == "peak-rss":
-            assert size_mib * MiB * 0.95 <= peak.bytes <= size_mib * MiB * 1.1
+        if peak.method != "peak-rss":
+            pytest.skip(f"peak RSS cannot be reset here ({peak.method}); torch memory is invisible")
+        assert size_mib * MiB * 0.95 <= peak.bytes <= size_mib * MiB * 1.1
 
 
 def test_compare_ratios_outputs_and_files(tmp_path):
@@ -84,8 +84,9 @@ def test_compare_memory_ratio_follows_allocations():
     table = compare(
         {"small": allocate(8), "large": allocate(32)}, baseline="small", warmup=0, repeat=1
     )
-    if table.row("small").measurement.memory_method == "peak-rss":
-        assert 3.0 < table.row("large").memory_ratio < 5.0
+    if table.row("small").measurement.memory_method != "peak-rss":
+        pytest.skip("peak RSS cannot be reset here; torch allocations are invisible to tracemalloc")
+    assert 3.0 < table.row("large").memory_ratio < 5.0
 
 
 def test_compare_rejects_unknown_baseline():
@@ -100,3 +101,33 @@ def test_cuda_timing_and_allocator_peak():
     assert m.memory_method == "cuda-allocator"
     assert m.peak_memory_bytes == 4096 * 4096 * 4  # exactly one output buffer
     assert 0 < m.median_s < 1.0
+
+
+def test_output_check_sees_nan_and_shape_mismatch():
+    good = torch.ones(3)
+    table = compare(
+        {
+            "base": lambda: (good, good),
+            "nan": lambda: (good, torch.tensor([1.0, float("nan"), 1.0])),
+        },
+        baseline="base",
+        warmup=0,
+        repeat=1,
+        memory=False,
+    )
+    assert table.row("nan").max_abs_error == float("inf")
+    with pytest.raises(ValueError, match=r"shape \(3, 1\) differs from the baseline's \(3,\)"):
+        compare({"base": lambda: good, "bad": lambda: good[:, None]}, baseline="base", repeat=1)
+
+
+def test_baseline_output_is_snapshotted_before_in_place_reuse():
+    buffer = torch.zeros(4)
+
+    def writes_in_place():
+        buffer.add_(1.0)  # every call changes the shared buffer
+        return buffer
+
+    table = compare(
+        {"inplace": writes_in_place}, baseline="inplace", warmup=0, repeat=1, memory=False
+    )
+    assert table.row("inplace").max_abs_error > 0  # compared against the first call's value

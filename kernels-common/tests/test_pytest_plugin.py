@@ -61,5 +61,19 @@ def test_unknown_markers_still_fail_under_strict_markers(pytester: pytest.Pytest
     result.stdout.fnmatch_lines(["*'gpuu' not found in `markers`*"])
 
 
+def test_plugin_is_not_auto_loaded(pytester: pytest.Pytester):
+    pytester.makepyfile("import pytest\n\n@pytest.mark.gpu\ndef test_marked():\n    pass\n")
+    result = pytester.runpytest_subprocess("--strict-markers")  # a fresh process, no -p
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # 'gpu' is unknown without the plugin
+
+
+@needs_no_cuda
+def test_triton_backend_fixture_fails_under_require_gpu(pytester: pytest.Pytester):
+    pytester.makepyfile("def test_kernel(triton_backend):\n    pass\n")
+    result = pytester.runpytest(*LOAD, "--require-gpu")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*--require-gpu: compiled Triton on CUDA is not available*"])
+
+
 def test_poison_empty_fixture(poison_empty):
     assert torch.empty(5).isnan().all()

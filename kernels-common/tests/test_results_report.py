@@ -152,3 +152,39 @@ def test_plot_curves_validates_input(tmp_path):
         plot_curves({"a": ([1, 2, 3], [1, 2])}, tmp_path / "a.png", title="", xlabel="", ylabel="")
     with pytest.raises(ValueError, match="saved as PNG"):
         plot_curves({"a": ([1], [1])}, tmp_path / "a.pdf", title="", xlabel="", ylabel="")
+
+
+def test_nan_measurement_round_trips_as_null_and_fails(tmp_path):
+    results = ReproduceResults("p", "t", (claim(measured=math.nan),))
+    path = results.save(tmp_path)
+    assert '"measured": null' in path.read_text()
+    loaded = ReproduceResults.load(path)
+    assert math.isnan(loaded.claims[0].measured)
+    assert not loaded.passed
+
+
+def test_duplicate_claim_names_are_refused():
+    with pytest.raises(ValueError, match=r"repeated: \['memory vs non-DP'\]"):
+        ReproduceResults("p", "t", (claim(), claim(measured=1.0)))
+
+
+def test_tampered_overall_pass_and_malformed_files(tmp_path):
+    path = results_with_plot(tmp_path).save(tmp_path)
+    data = json.loads(path.read_text())
+    data["passed"] = True
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="overall pass/fail disagrees"):
+        ReproduceResults.load(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="malformed results"):
+        ReproduceResults.load(path)
+
+
+def test_one_unreadable_results_file_does_not_hide_the_others(tmp_path):
+    results_with_plot(tmp_path / "good").save(tmp_path / "good")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.json").write_text("{not json")
+    text = write_index(tmp_path, expected=["good", "bad"]).read_text()
+    assert "1 package(s) reported" in text
+    assert "Unreadable results: `bad`" in text
+    assert "Ran but wrote no results" not in text

@@ -29,7 +29,14 @@ from kernels_common.testing import (
     compare_tensors,
     poison_uninitialized,
 )
-from kernels_common.triton_utils import autotune, cdiv, is_power_of_2, next_power_of_2, triton_dtype
+from kernels_common.triton_utils import (
+    autotune,
+    cdiv,
+    device_guard,
+    is_power_of_2,
+    next_power_of_2,
+    triton_dtype,
+)
 
 try:
     __version__ = _metadata.version("kernels-common")
@@ -55,6 +62,7 @@ __all__ = [
     "cdiv",
     "compare",
     "compare_tensors",
+    "device_guard",
     "hardware_description",
     "interpreter_enabled",
     "is_power_of_2",

@@ -44,11 +44,6 @@ class Backend(enum.StrEnum):
     INTERPRETER = "interpreter"
     REFERENCE = "reference"
 
-    @property
-    def uses_triton(self) -> bool:
-        """True for the two backends that run the Triton kernel."""
-        return self is not Backend.REFERENCE
-
 
 class BackendUnavailableError(RuntimeError):
     """A backend was asked for explicitly but cannot run here."""
@@ -82,7 +77,7 @@ def _parse(name: str | Backend, source: str) -> Backend | None:
 
 
 def iter_tensors(values: Iterable[Any]) -> Iterator[torch.Tensor]:
-    """Yield every tensor in ``values``, looking one level into tuples, lists and dicts."""
+    """Yield every tensor in ``values``, looking into (nested) tuples, lists and dicts."""
     for value in values:
         if isinstance(value, torch.Tensor):
             yield value

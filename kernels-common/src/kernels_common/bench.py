@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import platform
 import statistics
 import time
@@ -206,13 +207,30 @@ class Comparison:
 
 
 def _max_abs_error(output: Any, reference: Any) -> float:
+    """Largest absolute difference over all output tensors; NaN counts as infinite."""
     pairs = zip(flatten_tensors(output, "out"), flatten_tensors(reference, "out"), strict=True)
-    errors = [
-        float((a.detach().double() - b.detach().double()).abs().max())
-        for (_, a), (_, b) in pairs
-        if a is not None and b is not None and a.numel()
-    ]
-    return max(errors, default=0.0)
+    worst = 0.0
+    for (name, a), (_, b) in pairs:
+        if a is None or b is None or not a.numel():
+            continue
+        if a.shape != b.shape:
+            raise ValueError(
+                f"{name}: shape {tuple(a.shape)} differs from the baseline's {tuple(b.shape)}"
+            )
+        diff = (a.detach().double() - b.detach().double()).abs().nan_to_num(nan=math.inf)
+        worst = max(worst, float(diff.max()))
+    return worst
+
+
+def _snapshot(output: Any) -> Any:
+    """A copy of the baseline output that later calls cannot overwrite in place."""
+    if isinstance(output, torch.Tensor):
+        return output.detach().clone()
+    if isinstance(output, tuple | list):
+        return type(output)(_snapshot(o) for o in output)
+    if isinstance(output, Mapping):
+        return {k: _snapshot(v) for k, v in output.items()}
+    return output
 
 
 def compare(
@@ -240,7 +258,7 @@ def compare(
     """
     if baseline not in candidates:
         raise ValueError(f"baseline {baseline!r} is not one of the candidates {list(candidates)}")
-    reference = candidates[baseline]() if check_outputs else None
+    reference = _snapshot(candidates[baseline]()) if check_outputs else None
     measurements = {
         name: measure(fn, device=device, warmup=warmup, repeat=repeat, memory=memory)
         for name, fn in candidates.items()

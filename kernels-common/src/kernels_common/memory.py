@@ -67,7 +67,12 @@ def _reset_peak_rss() -> bool:
 
 
 def peak_memory(fn: Callable[[], Any], device: str | torch.device = "cpu") -> PeakMemory:
-    """Peak memory of ``fn()`` in bytes above the memory in use just before the call."""
+    """Peak memory of ``fn()`` in bytes above the memory in use just before the call.
+
+    Memory that ``fn`` frees during the call but was allocated before it (a ``.grad`` replaced,
+    a cache dropped) lowers the result: benchmark stateless callables that keep nothing between
+    calls.
+    """
     device = torch.device(device)
     gc.collect()
     if device.type == "cuda":

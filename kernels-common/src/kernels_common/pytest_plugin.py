@@ -76,19 +76,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
-def triton_backend() -> Backend:
-    """``Backend.INTERPRETER`` under ``TRITON_INTERPRET=1``, else ``Backend.TRITON`` on CUDA."""
+def triton_backend(request: pytest.FixtureRequest) -> Backend:
+    """``Backend.INTERPRETER`` under ``TRITON_INTERPRET=1``, else ``Backend.TRITON`` on CUDA.
+
+    Under ``--require-gpu`` only compiled Triton on CUDA is accepted: the test errors otherwise.
+    """
+    import torch
+
+    compiled = triton_available() and torch.cuda.is_available() and not interpreter_enabled()
+    if request.config.getoption("--require-gpu"):
+        if not compiled:
+            pytest.fail(
+                "--require-gpu: compiled Triton on CUDA is not available (no CUDA device, no "
+                "triton, or TRITON_INTERPRET is set)",
+                pytrace=False,
+            )
+        return Backend.TRITON
     if not triton_available():
         pytest.skip("triton is not installed")
     if interpreter_enabled():
         return Backend.INTERPRETER
-    import torch
-
-    if torch.cuda.is_available():
+    if compiled:
         return Backend.TRITON
-    pytest.skip(
-        "Triton kernel tests need TRITON_INTERPRET=1 at start-up (set by nox) or a CUDA device"
-    )
+    pytest.skip("Triton kernel tests need TRITON_INTERPRET=1 at start-up (set by nox) or CUDA")
 
 
 @pytest.fixture

@@ -62,15 +62,24 @@ def write_index(
     """
     reports_dir = Path(reports_dir)
     reports_dir.mkdir(parents=True, exist_ok=True)
-    found = {
-        p.parent.name: ReproduceResults.load(p)
-        for p in sorted(reports_dir.glob(f"*/{RESULTS_FILE}"))
-    }
+    found: dict[str, ReproduceResults] = {}
+    malformed: list[str] = []
+    for path in sorted(reports_dir.glob(f"*/{RESULTS_FILE}")):
+        try:
+            found[path.parent.name] = ReproduceResults.load(path)
+        except ValueError as error:  # one bad file must not hide the other packages' results
+            malformed.append(f"`{path.parent.name}` ({error})")
     sections = [render_results(results, f"{name}/") for name, results in found.items()]
-    missing = [name for name in expected if name not in found and name not in failures]
+    missing = [
+        name
+        for name in expected
+        if name not in found
+        and name not in failures
+        and not any(f"`{name}`" in m for m in malformed)
+    ]
 
     lines = ["# Reproduce report", ""]
-    if not found and not failures and not missing:
+    if not found and not failures and not missing and not malformed:
         lines += ["No package provides a `reproduce` command yet.", ""]
     else:
         all_claims = [c for results in found.values() for c in results.claims]
@@ -83,6 +92,8 @@ def write_index(
         lines += ["Failed to run: " + ", ".join(f"`{name}`" for name in failures), ""]
     if missing:
         lines += ["Ran but wrote no results: " + ", ".join(f"`{name}`" for name in missing), ""]
+    if malformed:
+        lines += ["Unreadable results: " + "; ".join(malformed), ""]
     index = reports_dir / INDEX_FILE
     index.write_text("\n".join(lines + sections).rstrip() + "\n")
     return index

@@ -129,6 +129,10 @@ class ReproduceResults:
         if not self.package or not self.title:
             raise ValueError("results need the package name and a title")
         object.__setattr__(self, "claims", tuple(self.claims))
+        names = [claim.name for claim in self.claims]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"claim names must be unique; repeated: {duplicates}")
         object.__setattr__(self, "figures", tuple(str(f) for f in self.figures))
         for figure in self.figures:
             if Path(figure).is_absolute() or ".." in Path(figure).parts:
@@ -143,7 +147,14 @@ class ReproduceResults:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["schema_version"] = SCHEMA_VERSION
-        data["claims"] = [{**asdict(c), "passed": c.passed} for c in self.claims]
+        data["claims"] = [
+            {
+                **asdict(c),
+                "measured": None if math.isnan(c.measured) else c.measured,
+                "passed": c.passed,
+            }
+            for c in self.claims
+        ]
         data["passed"] = self.passed
         return data
 
@@ -157,7 +168,7 @@ class ReproduceResults:
                 f"figures listed in the results do not exist in {directory}: {missing}"
             )
         path = directory / RESULTS_FILE
-        path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=True) + "\n")
+        path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
         return path
 
     @classmethod
@@ -168,20 +179,27 @@ class ReproduceResults:
             path = path / RESULTS_FILE
         if not path.exists():
             raise FileNotFoundError(f"no results file at {path}")
-        data = json.loads(path.read_text())
-        version = data.pop("schema_version", None)
-        if version != SCHEMA_VERSION:
-            raise ValueError(f"{path}: schema_version {version!r}, expected {SCHEMA_VERSION}")
-        stored_pass = {c["name"]: c.pop("passed", None) for c in data.get("claims", [])}
-        data.pop("passed", None)
         try:
-            claims = tuple(Claim(**c) for c in data.pop("claims"))
-            results = cls(claims=claims, **data)
-        except (TypeError, KeyError) as error:
+            data = json.loads(path.read_text())
+            version = data.pop("schema_version", None)
+            if version != SCHEMA_VERSION:
+                raise ValueError(f"schema_version {version!r}, expected {SCHEMA_VERSION}")
+            stored_claims = data.pop("claims")
+            stored_pass = [claim.pop("passed", None) for claim in stored_claims]
+            stored_overall = data.pop("passed", None)
+            claims = []
+            for claim in stored_claims:
+                if claim.get("measured") is None:
+                    claim["measured"] = math.nan  # written as null: JSON has no NaN
+                claims.append(Claim(**claim))
+            results = cls(claims=tuple(claims), **data)
+        except (TypeError, KeyError, AttributeError, json.JSONDecodeError, ValueError) as error:
             raise ValueError(f"{path}: malformed results ({error})") from error
-        for claim in results.claims:
-            if stored_pass[claim.name] not in (None, claim.passed):
+        for claim, stored in zip(results.claims, stored_pass, strict=True):
+            if stored not in (None, claim.passed):
                 raise ValueError(
                     f"{path}: stored pass/fail of {claim.name!r} disagrees with its values"
                 )
+        if stored_overall not in (None, results.passed):
+            raise ValueError(f"{path}: stored overall pass/fail disagrees with its claims")
         return results

@@ -7,6 +7,7 @@ those modules are only imported once a Triton backend was chosen).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -95,3 +96,11 @@ def triton_dtype(dtype: torch.dtype) -> Any:
     except KeyError:
         supported = ", ".join(sorted(str(d).removeprefix("torch.") for d in mapping))
         raise TypeError(f"no Triton dtype for {dtype}; supported: {supported}") from None
+
+
+def device_guard(tensor: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
+    """Make ``tensor``'s CUDA device current for a kernel launch (Triton launches on the current
+    device, not on the tensor's); a no-op for CPU tensors (the interpreter)."""
+    if tensor.device.type == "cuda":
+        return torch.cuda.device(tensor.device)
+    return contextlib.nullcontext()

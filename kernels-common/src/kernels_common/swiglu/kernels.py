@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_common.triton_utils import autotune, cdiv
+from kernels_common.triton_utils import autotune, cdiv, device_guard
 
 _CONFIGS = [
     triton.Config({"BLOCK_SIZE": 1024}, num_warps=4),
@@ -57,7 +57,8 @@ def swiglu_fwd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(a)
     n_elements = a.numel()
     if n_elements:
-        _swiglu_fwd_kernel[_grid(n_elements)](a, b, out, n_elements)
+        with device_guard(a):
+            _swiglu_fwd_kernel[_grid(n_elements)](a, b, out, n_elements)
     return out
 
 
@@ -69,5 +70,6 @@ def swiglu_bwd(
     grad_b = torch.empty_like(b)
     n_elements = a.numel()
     if n_elements:
-        _swiglu_bwd_kernel[_grid(n_elements)](a, b, grad, grad_a, grad_b, n_elements)
+        with device_guard(a):
+            _swiglu_bwd_kernel[_grid(n_elements)](a, b, grad, grad_a, grad_b, n_elements)
     return grad_a, grad_b
