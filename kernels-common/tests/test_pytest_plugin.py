@@ -27,6 +27,14 @@ def test_other_markers_are_registered():
     pass
 """
 
+
+@pytest.fixture(autouse=True)
+def isolated_config(pytester: pytest.Pytester) -> None:
+    """The inner sessions get their own empty configuration: temporary folders may lie inside
+    this repository (nox puts TMPDIR under .nox/), whose pyproject.toml loads the plugin."""
+    pytester.makeini("[pytest]\n")
+
+
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
 
 
