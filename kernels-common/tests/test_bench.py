@@ -131,3 +131,16 @@ def test_baseline_output_is_snapshotted_before_in_place_reuse():
         {"inplace": writes_in_place}, baseline="inplace", warmup=0, repeat=1, memory=False
     )
     assert table.row("inplace").max_abs_error > 0  # compared against the first call's value
+
+
+def test_compare_interleaves_the_timed_rounds():
+    calls: list[str] = []
+    compare(
+        {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+        baseline="a",
+        warmup=1,
+        repeat=3,
+        memory=False,
+        check_outputs=False,
+    )
+    assert calls == ["a", "b"] + ["a", "b"] * 3  # warm-up each, then one call of each per round

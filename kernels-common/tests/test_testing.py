@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernels_common import Tolerance, assert_kernel_matches, compare_tensors, poison_uninitialized
 from kernels_common.swiglu import swiglu_reference
@@ -226,3 +228,22 @@ def test_differentiable_outputs_must_agree():
             lambda a, b: (a * b, (a + b).detach()),
             inputs,
         )
+
+
+finite = st.floats(-1e3, 1e3, allow_nan=False, width=32)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(finite, finite), min_size=1, max_size=20),
+    st.sampled_from([0.0, 1e-6, 1e-3]),
+    st.sampled_from([0.0, 1e-5, 1e-2]),
+)
+def test_compare_tensors_agrees_with_torch_isclose(pairs, atol, rtol):
+    actual = torch.tensor([a for a, _ in pairs])
+    expected = torch.tensor([e for _, e in pairs])
+    comparison = compare_tensors("x", actual, expected, Tolerance(atol, rtol))
+    # peer oracle: torch.isclose applies the same |a - e| <= atol + rtol * |e| rule
+    close = torch.isclose(actual.double(), expected.double(), rtol=rtol, atol=atol)
+    assert comparison.mismatched == int((~close).sum())
+    assert comparison.ok == (comparison.tolerance_used <= 1.0)

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from kernels_common.memory import peak_memory
+from kernels_common.memory import PeakMemory, peak_memory
 from kernels_common.testing import flatten_tensors
 
 
@@ -57,11 +57,39 @@ class Measurement:
         return self.q3_s - self.q1_s
 
 
-def _quartiles(samples: list[float]) -> tuple[float, float]:
+def _time_once(fn: Callable[[], Any], device: torch.device) -> float:
+    """Seconds one call of ``fn`` takes: CUDA events on a GPU, ``perf_counter`` elsewhere."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    start_s = time.perf_counter()
+    fn()
+    return time.perf_counter() - start_s
+
+
+def _summarize(samples: list[float], peak: PeakMemory | None) -> Measurement:
     if len(samples) < 2:
-        return samples[0], samples[0]
-    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
-    return q1, q3
+        q1 = q3 = samples[0]
+    else:
+        q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return Measurement(
+        median_s=statistics.median(samples),
+        q1_s=q1,
+        q3_s=q3,
+        min_s=min(samples),
+        repeat=len(samples),
+        peak_memory_bytes=None if peak is None else peak.bytes,
+        memory_method=None if peak is None else peak.method,
+    )
+
+
+def _check_counts(warmup: int, repeat: int) -> None:
+    if warmup < 0 or repeat < 1:
+        raise ValueError(f"need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
 
 
 def measure(
@@ -75,44 +103,22 @@ def measure(
     """Time ``fn()`` and measure its peak memory.
 
     Args:
-        fn: the work to time, with its inputs already made (closures over prepared tensors).
+        fn: the work to time, with its inputs already made (closures over prepared tensors). Make
+            it stateless: memory it frees that was allocated before the call lowers its peak.
         device: where ``fn`` runs: ``"cuda"`` times with CUDA events and reads the CUDA allocator's
             peak; anything else uses ``time.perf_counter`` and the process's peak RSS.
         warmup: untimed calls first (compilation, autotuning, caches).
         repeat: timed calls; the median is reported with the quartiles.
         memory: also measure peak memory, in one extra call.
     """
-    if warmup < 0 or repeat < 1:
-        raise ValueError(f"need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
+    _check_counts(warmup, repeat)
     device = torch.device(device)
     for _ in range(warmup):
         fn()
-    samples: list[float] = []
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        for _ in range(repeat):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / 1e3)
-    else:
-        for _ in range(repeat):
-            start_s = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - start_s)
-    peak = peak_memory(fn, device) if memory else None
-    q1, q3 = _quartiles(samples)
-    return Measurement(
-        median_s=statistics.median(samples),
-        q1_s=q1,
-        q3_s=q3,
-        min_s=min(samples),
-        repeat=repeat,
-        peak_memory_bytes=None if peak is None else peak.bytes,
-        memory_method=None if peak is None else peak.method,
-    )
+    samples = [_time_once(fn, device) for _ in range(repeat)]
+    return _summarize(samples, peak_memory(fn, device) if memory else None)
 
 
 @dataclass(frozen=True)
@@ -246,21 +252,38 @@ def compare(
 ) -> Comparison:
     """Benchmark ``candidates`` side by side on the same inputs, in this process.
 
+    Every candidate is warmed up, then the timed calls run in interleaved rounds (one call of each
+    candidate per round), then each one's peak memory is measured in one more call.
+
     Args:
         candidates: name -> zero-argument callable doing the work (inputs captured, shared).
         baseline: the name the ratios are taken against (the anchor, or the non-optimised run).
         title: heading of the table.
         device: where the callables run (see :func:`measure`).
-        warmup, repeat, memory: passed to :func:`measure`.
+        warmup, repeat, memory: untimed calls per candidate, rounds of timed calls, and whether
+            to measure peak memory (see :func:`measure`).
         check_outputs: call each candidate once more and report the largest absolute difference
             of its output from the baseline's (outputs must have the same structure); ``None``
             entries in the table mean the check was off.
     """
     if baseline not in candidates:
         raise ValueError(f"baseline {baseline!r} is not one of the candidates {list(candidates)}")
+    _check_counts(warmup, repeat)
+    device = torch.device(device)
     reference = _snapshot(candidates[baseline]()) if check_outputs else None
+    for fn in candidates.values():
+        for _ in range(warmup):
+            fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    # Interleaved rounds: a slow drift of the machine (other load, clocks, heat) shifts every
+    # candidate alike instead of whichever happened to run last, so the ratios stay fair.
+    samples: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(repeat):
+        for name, fn in candidates.items():
+            samples[name].append(_time_once(fn, device))
     measurements = {
-        name: measure(fn, device=device, warmup=warmup, repeat=repeat, memory=memory)
+        name: _summarize(samples[name], peak_memory(fn, device) if memory else None)
         for name, fn in candidates.items()
     }
     base = measurements[baseline]

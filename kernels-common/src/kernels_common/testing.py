@@ -63,12 +63,19 @@ DEFAULT_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
 
 @dataclass(frozen=True)
 class TensorComparison:
-    """How one output or gradient of the implementation compares with the reference."""
+    """How one output or gradient of the implementation compares with the reference.
+
+    ``tolerance_used`` is the largest ``|actual - expected| / (atol + rtol * |expected|)``: the
+    quantity that decides pass (``<= 1``) or fail, and how close a passing kernel came to failing.
+    ``max_rel_error`` is dominated by elements whose expected value is near zero; read it with
+    ``max_abs_error``.
+    """
 
     name: str
     dtype: torch.dtype
     max_abs_error: float
     max_rel_error: float
+    tolerance_used: float
     mismatched: int
     numel: int
     tolerance: Tolerance
@@ -82,7 +89,8 @@ class TensorComparison:
         return (
             f"{self.name:<24} {str(self.dtype).removeprefix('torch.'):<9} "
             f"max_abs={self.max_abs_error:.3e} max_rel={self.max_rel_error:.3e} "
-            f"(atol={self.tolerance.atol:.1e}, rtol={self.tolerance.rtol:.1e}) {status}"
+            f"used={self.tolerance_used:.2f} of (atol={self.tolerance.atol:.1e}, "
+            f"rtol={self.tolerance.rtol:.1e}) {status}"
         )
 
 
@@ -123,7 +131,9 @@ def compare_tensors(
     both_nan = a.isnan() & e.isnan()
     same_inf = a.isinf() & e.isinf() & (a == e)
     diff = (a - e).abs().masked_fill(both_nan | same_inf, 0.0).nan_to_num(nan=math.inf)
-    bad = diff > tolerance.atol + tolerance.rtol * e.abs().nan_to_num(nan=0.0, posinf=0.0)
+    allowed = tolerance.atol + tolerance.rtol * e.abs().nan_to_num(nan=0.0, posinf=0.0)
+    bad = diff > allowed
+    used = torch.where(diff == 0, torch.zeros_like(diff), diff / allowed)
     rel = (diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)).masked_fill(
         both_nan | same_inf, 0.0
     )
@@ -133,6 +143,7 @@ def compare_tensors(
         dtype=actual.dtype,
         max_abs_error=float(diff.max()) if diff.numel() else 0.0,
         max_rel_error=float(rel.max()) if rel.numel() else 0.0,
+        tolerance_used=float(used.max()) if used.numel() else 0.0,
         mismatched=int(bad.sum()),
         numel=diff.numel(),
         tolerance=tolerance,
