@@ -79,12 +79,12 @@ class Member:
 
 
 @functools.cache
-def members() -> dict[str, Member]:
+def members(root: Path = ROOT) -> dict[str, Member]:
     """Workspace members by canonical name, from `[tool.uv.workspace].members` globs."""
-    root = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    workspace = tomllib.loads((root / "pyproject.toml").read_text())
     found: dict[str, Member] = {}
-    for pattern in root["tool"]["uv"]["workspace"]["members"]:
-        for pyproject in sorted(ROOT.glob(f"{pattern}/pyproject.toml")):
+    for pattern in workspace["tool"]["uv"]["workspace"]["members"]:
+        for pyproject in sorted(root.glob(f"{pattern}/pyproject.toml")):
             data = tomllib.loads(pyproject.read_text())
             member = Member(
                 pyproject.parent, data["project"], data.get("tool", {}).get("monorepo", {})
@@ -93,8 +93,9 @@ def members() -> dict[str, Member]:
     return found
 
 
-def closure(name: str, extras: set[str]) -> dict[str, set[str]]:
+def closure(name: str, extras: set[str], root: Path = ROOT) -> dict[str, set[str]]:
     """The member with `extras` and every workspace member it needs, with the extras each needs."""
+    table = members(root)
     needed: dict[str, set[str]] = {}
     pending = [(canonicalize_name(name), set(extras))]
     while pending:
@@ -102,9 +103,9 @@ def closure(name: str, extras: set[str]) -> dict[str, set[str]]:
         if current in needed and wanted <= needed[current]:
             continue
         needed[current] = needed.get(current, set()) | wanted
-        for requirement in members()[current].requirements(wanted):
+        for requirement in table[current].requirements(wanted):
             dependency = canonicalize_name(requirement.name)
-            if dependency in members() and (
+            if dependency in table and (
                 requirement.marker is None or requirement.marker.evaluate()
             ):
                 pending.append((dependency, set(requirement.extras)))
@@ -128,9 +129,9 @@ def local_wheel_folder() -> str | None:
     return out or None
 
 
-def torch_pin() -> str:
+def torch_pin(folder: str | None = None) -> str:
     """`torch==2.13.0+cpu` when the local wheel folder holds that wheel, else `torch==2.13.0`."""
-    folder = local_wheel_folder() or ""
+    folder = (folder if folder is not None else local_wheel_folder()) or ""
     if any(any(Path(entry).glob(f"torch-{TORCH_VERSION}+cpu-*.whl")) for entry in folder.split()):
         return f"torch=={TORCH_VERSION}+cpu"
     return f"torch=={TORCH_VERSION}"
@@ -217,6 +218,8 @@ for _member in members().values():
 def integration(session: nox.Session) -> None:
     """All members installed together; runs integration-tests/."""
     install(session, {name: available(m, "test") for name, m in members().items()})
+    # the noxfile's own workspace logic is tested there too
+    session.install(*nox.project.dependency_groups(nox.project.load_toml("pyproject.toml"), "nox"))
     session.env["TRITON_INTERPRET"] = "1"
     session.run("pytest", str(ROOT / "integration-tests"), *session.posargs)
 

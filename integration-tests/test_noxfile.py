@@ -1,0 +1,101 @@
+"""The noxfile's workspace logic on a made-up workspace: members, dependency closure, torch pin."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def noxfile():
+    spec = importlib.util.spec_from_file_location("workspace_noxfile", ROOT / "noxfile.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    write(tmp_path / "pyproject.toml", '[tool.uv.workspace]\nmembers = ["base", "packages/*"]\n')
+    write(
+        tmp_path / "base/pyproject.toml",
+        """
+        [project]
+        name = "base"
+        version = "0.1.0"
+        dependencies = ["torch>=2.4"]
+        [project.optional-dependencies]
+        test = ["pytest"]
+        report = ["matplotlib"]
+        """,
+    )
+    write(
+        tmp_path / "packages/paper-a/pyproject.toml",
+        """
+        [project]
+        name = "paper-a"
+        version = "0.1.0"
+        dependencies = ["base>=0.1,<0.2", "numpy"]
+        [project.optional-dependencies]
+        test = ["pytest", "base[test]>=0.1,<0.2"]
+        reproduce = ["base[report]>=0.1,<0.2", "paper-data"]
+        never = ["base[test]; sys_platform == 'no-such-platform'"]
+        [tool.monorepo]
+        reproduce = true
+        apt = ["dataset-fashion-mnist"]
+        """,
+    )
+    write(
+        tmp_path / "packages/paper-data/pyproject.toml",
+        '[project]\nname = "Paper_Data"\nversion = "0.1.0"\ndependencies = ["base"]\n',
+    )
+    return tmp_path
+
+
+def test_members_are_found_from_the_globs(noxfile, workspace):
+    members = noxfile.members(workspace)
+    assert sorted(members) == ["base", "paper-a", "paper-data"]
+    assert members["paper-a"].import_name == "paper_a"
+    assert members["paper-a"].tool == {"reproduce": True, "apt": ["dataset-fashion-mnist"]}
+
+
+def test_closure_follows_workspace_dependencies_with_their_extras(noxfile, workspace):
+    assert noxfile.closure("paper-a", set(), workspace) == {"paper-a": set(), "base": set()}
+    assert noxfile.closure("paper-a", {"test"}, workspace) == {
+        "paper-a": {"test"},
+        "base": {"test"},
+    }
+    assert noxfile.closure("paper-a", {"test", "reproduce"}, workspace) == {
+        "paper-a": {"test", "reproduce"},
+        "base": {"test", "report"},
+        "paper-data": set(),
+    }
+
+
+def test_closure_skips_requirements_whose_marker_does_not_apply(noxfile, workspace):
+    assert noxfile.closure("paper-a", {"never"}, workspace) == {"paper-a": {"never"}, "base": set()}
+
+
+def test_unknown_extra_is_an_error(noxfile, workspace):
+    with pytest.raises(ValueError, match=r"paper-a has no extra\(s\) \['gpu'\]"):
+        noxfile.closure("paper-a", {"gpu"}, workspace)
+
+
+def test_torch_pin_prefers_the_local_cpu_wheel(noxfile, tmp_path: Path):
+    assert noxfile.torch_pin(str(tmp_path)) == "torch==2.13.0"
+    (tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").touch()
+    assert noxfile.torch_pin(f"/nonexistent {tmp_path}") == "torch==2.13.0+cpu"
+    assert noxfile.torch_pin("") == "torch==2.13.0"
