@@ -144,10 +144,7 @@ def test_interpret_env_values_follow_triton(monkeypatch: pytest.MonkeyPatch, val
     assert resolve_backend(None, [torch.ones(1)]) is expected
 
 
-@pytest.mark.usefixtures("triton_installed")
-def test_cpu_scalars_do_not_decide_the_device(monkeypatch: pytest.MonkeyPatch):
-    scale = torch.tensor(0.5)  # 0-dim CPU tensor, allowed beside tensors on any device
-    assert resolve_backend(None, [torch.empty(2, device="meta"), scale]) is Backend.REFERENCE
-    assert resolve_backend(None, [scale]) is Backend.REFERENCE
+def test_cpu_scalars_count_as_cpu_tensors():
+    # a Triton kernel cannot read a CPU scalar tensor: the caller passes a number instead
     with pytest.raises(ValueError, match="different device types"):
-        resolve_backend(None, [torch.empty(2, device="meta"), torch.ones(1)])
+        resolve_backend(None, [torch.empty(2, device="meta"), torch.tensor(0.5)])

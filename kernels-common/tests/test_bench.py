@@ -144,3 +144,35 @@ def test_compare_interleaves_the_timed_rounds():
         check_outputs=False,
     )
     assert calls == ["a", "b"] + ["a", "b"] * 3  # warm-up each, then one call of each per round
+
+
+def test_output_check_follows_compare_tensors_rules():
+    inf_nan = torch.tensor([float("-inf"), float("nan"), 1.0])
+    table = compare(
+        {
+            "base": lambda: inf_nan,
+            "same": lambda: inf_nan.clone(),
+            "finite": lambda: torch.tensor([0.0, float("nan"), 1.0]),
+        },
+        baseline="base",
+        warmup=0,
+        repeat=1,
+        memory=False,
+    )
+    assert table.row("same").max_abs_error == 0.0  # matching -inf and NaN are equal
+    assert table.row("finite").max_abs_error == float("inf")  # 0 where the baseline has -inf
+    with pytest.raises(ValueError, match="returned None"):
+        compare({"base": lambda: (inf_nan, None), "x": lambda: (inf_nan, inf_nan)}, baseline="base")
+
+
+def test_saved_json_is_strict_even_with_infinite_errors(tmp_path):
+    table = compare(
+        {"base": lambda: torch.ones(2), "nan": lambda: torch.full((2,), float("nan"))},
+        baseline="base",
+        warmup=0,
+        repeat=1,
+        memory=False,
+    )
+    json_path, _ = table.save(tmp_path, "t")
+    data = json.loads(json_path.read_text(), parse_constant=lambda name: pytest.fail(name))
+    assert data["rows"][1]["max_abs_error"] == "inf"

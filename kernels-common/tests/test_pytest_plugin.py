@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
-
 import pytest
 import torch
 
-# Installed, the plugin loads through its entry point; from a source tree it must be named.
-LOAD = (
-    []
-    if entry_points(group="pytest11", name="kernels_common")
-    else ["-p", "kernels_common.pytest_plugin"]
-)
+# The inner sessions load the plugin explicitly, as the repository's addopts do.
+LOAD = ["-p", "kernels_common.pytest_plugin"]
 
 GPU_TEST = """
 import pytest
@@ -73,6 +67,7 @@ def test_plugin_is_not_auto_loaded(pytester: pytest.Pytester):
     pytester.makepyfile("import pytest\n\n@pytest.mark.gpu\ndef test_marked():\n    pass\n")
     result = pytester.runpytest_subprocess("--strict-markers")  # a fresh process, no -p
     assert result.ret == pytest.ExitCode.INTERRUPTED  # 'gpu' is unknown without the plugin
+    result.stdout.fnmatch_lines(["*'gpu' not found in `markers`*"])
 
 
 @needs_no_cuda

@@ -115,16 +115,20 @@ def test_save_refuses_missing_or_absolute_figures(tmp_path):
 
 
 def test_index_without_packages_says_so(tmp_path):
-    index = write_index(tmp_path)
-    assert "No package provides a `reproduce` command yet." in index.read_text()
+    summary = write_index(tmp_path)
+    assert summary.complete
+    assert "No package provides a `reproduce` command yet." in summary.path.read_text()
 
 
 def test_index_gathers_packages_failures_and_missing(tmp_path):
     results_with_plot(tmp_path / "demo-package").save(tmp_path / "demo-package")
-    index = write_index(
+    summary = write_index(
         tmp_path, failures=["broken"], expected=["demo-package", "silent", "broken"]
     )
-    text = index.read_text()
+    assert summary.reported == ("demo-package",)
+    assert summary.missing == ("silent",)
+    assert not summary.complete
+    text = summary.path.read_text()
     assert "1 package(s) reported; 1 of 2 claims agree." in text
     assert "Failed to run: `broken`" in text
     assert "Ran but wrote no results: `silent`" in text
@@ -142,6 +146,14 @@ def test_cli_report_command(tmp_path, capsys):
     assert "Failed to run: `x`" in (tmp_path / "index.md").read_text()
 
 
+def test_cli_report_fails_on_unreadable_results(tmp_path, capsys):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.json").write_text("{not json")
+    assert main(["report", str(tmp_path), "--expected", "bad"]) == 1
+    assert "unreadable results: bad" in capsys.readouterr().err
+    assert (tmp_path / "index.md").exists()
+
+
 def test_cli_backend_command(capsys):
     assert main(["backend"]) == 0
     assert "CPU inputs ->" in capsys.readouterr().out
@@ -154,13 +166,32 @@ def test_plot_curves_validates_input(tmp_path):
         plot_curves({"a": ([1], [1])}, tmp_path / "a.pdf", title="", xlabel="", ylabel="")
 
 
-def test_nan_measurement_round_trips_as_null_and_fails(tmp_path):
-    results = ReproduceResults("p", "t", (claim(measured=math.nan),))
+@pytest.mark.parametrize(("value", "encoded"), [(math.nan, '"nan"'), (math.inf, '"inf"')])
+def test_non_finite_measurements_round_trip_and_fail(tmp_path, value, encoded):
+    results = ReproduceResults("p", "t", (claim(measured=value, direction="at_least"),))
     path = results.save(tmp_path)
-    assert '"measured": null' in path.read_text()
-    loaded = ReproduceResults.load(path)
-    assert math.isnan(loaded.claims[0].measured)
-    assert not loaded.passed
+    text = path.read_text()
+    assert f'"measured": {encoded}' in text
+    json.loads(text, parse_constant=lambda name: pytest.fail(f"bare {name}"))  # strict JSON
+    measured = ReproduceResults.load(path).claims[0].measured
+    assert measured == value or (math.isnan(measured) and math.isnan(value))
+    assert ReproduceResults.load(path).passed is results.passed
+
+
+def test_non_finite_bounds_and_settings_are_refused():
+    with pytest.raises(ValueError, match="threshold must be finite"):
+        claim(threshold=math.inf)
+    with pytest.raises(ValueError, match="settings must be plain JSON"):
+        ReproduceResults("p", "t", (claim(),), settings={"lr": math.nan})
+
+
+def test_missing_measured_field_is_malformed(tmp_path):
+    path = ReproduceResults("p", "t", (claim(),)).save(tmp_path)
+    data = json.loads(path.read_text())
+    del data["claims"][0]["measured"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="malformed results"):
+        ReproduceResults.load(path)
 
 
 def test_duplicate_claim_names_are_refused():
@@ -184,7 +215,9 @@ def test_one_unreadable_results_file_does_not_hide_the_others(tmp_path):
     results_with_plot(tmp_path / "good").save(tmp_path / "good")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "results.json").write_text("{not json")
-    text = write_index(tmp_path, expected=["good", "bad"]).read_text()
+    summary = write_index(tmp_path, expected=["good", "bad"])
+    assert summary.unreadable == ("bad",)
+    text = summary.path.read_text()
     assert "1 package(s) reported" in text
     assert "Unreadable results: `bad`" in text
     assert "Ran but wrote no results" not in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -247,3 +248,34 @@ def test_compare_tensors_agrees_with_torch_isclose(pairs, atol, rtol):
     close = torch.isclose(actual.double(), expected.double(), rtol=rtol, atol=atol)
     assert comparison.mismatched == int((~close).sum())
     assert comparison.ok == (comparison.tolerance_used <= 1.0)
+
+
+def test_forward_only_implementation_with_check_grad_false():
+    # inference-only kernels are compared on outputs alone, with the same input factory
+    def no_autograd(a, b):
+        with torch.no_grad():
+            return torch.nn.functional.silu(a) * b
+
+    report = assert_kernel_matches(swiglu_reference, no_autograd, inputs, check_grad=False)
+    assert [c.name for c in report.comparisons] == ["out"]
+
+
+class State(NamedTuple):
+    c: torch.Tensor
+    n: torch.Tensor
+
+
+def test_named_tuple_state_is_rebuilt_and_differentiated():
+    def named(generator):
+        made = state_inputs(generator)
+        return {"x": made["x"], "state": State(*made["state"])}
+
+    seen = []
+
+    def step_named(x, state):
+        seen.append(type(state))
+        return step(x, (state.c, state.n))
+
+    report = assert_kernel_matches(step_named, step_named, named)
+    assert seen == [State, State]
+    assert "grad[state[1]]" in [c.name for c in report.comparisons]

@@ -22,8 +22,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "report":
         from kernels_common.report import write_index
 
-        print(write_index(args.reports_dir, args.failed, expected=args.expected))
-        return 0
+        summary = write_index(args.reports_dir, args.failed, expected=args.expected)
+        print(summary.path)
+        for name in summary.unreadable:
+            print(f"unreadable results: {name}", file=sys.stderr)
+        for name in summary.missing:
+            print(f"no results from: {name}", file=sys.stderr)
+        return 0 if summary.complete else 1
 
     import torch
 

@@ -88,11 +88,9 @@ def iter_tensors(values: Iterable[Any]) -> Iterator[torch.Tensor]:
 
 
 def _device_type(tensors: Iterable[torch.Tensor]) -> str | None:
-    tensors = list(tensors)
-    # 0-dim CPU tensors (scalars such as a learning rate or a scale) may accompany tensors on any
-    # device, as in PyTorch's own ops; they do not decide the backend.
-    types = {t.device.type for t in tensors if not (t.device.type == "cpu" and t.dim() == 0)}
-    types = types or {t.device.type for t in tensors}
+    # Strict, 0-dim CPU scalars included: a kernel cannot read a CPU tensor from the GPU, so
+    # scalars are passed as Python numbers or as tensors on the inputs' device.
+    types = {t.device.type for t in tensors}
     if len(types) > 1:
         raise ValueError(f"inputs live on different device types {sorted(types)}; move them to one")
     return types.pop() if types else None

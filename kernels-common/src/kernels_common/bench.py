@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import platform
 import statistics
 import time
@@ -36,7 +35,8 @@ from typing import Any
 import torch
 
 from kernels_common.memory import PeakMemory, peak_memory
-from kernels_common.testing import flatten_tensors
+from kernels_common.results import encode_float
+from kernels_common.testing import Tolerance, compare_tensors, flatten_tensors, rebuild_sequence
 
 
 @dataclass(frozen=True)
@@ -194,6 +194,9 @@ class Comparison:
                 {
                     **asdict(row),
                     "measurement": {**asdict(row.measurement), "iqr_s": row.measurement.iqr_s},
+                    "max_abs_error": (
+                        None if row.max_abs_error is None else encode_float(row.max_abs_error)
+                    ),
                 }
                 for row in self.rows
             ],
@@ -204,7 +207,7 @@ class Comparison:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         json_path, md_path = directory / f"{name}.json", directory / f"{name}.md"
-        json_path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        json_path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
         md_path.write_text(self.to_markdown())
         return json_path, md_path
 
@@ -213,18 +216,20 @@ class Comparison:
 
 
 def _max_abs_error(output: Any, reference: Any) -> float:
-    """Largest absolute difference over all output tensors; NaN counts as infinite."""
-    pairs = zip(flatten_tensors(output, "out"), flatten_tensors(reference, "out"), strict=True)
+    """Largest absolute difference over all output tensors, with :func:`compare_tensors`'s rules
+    (NaN where the baseline is finite counts as infinite; matching NaN/inf count as equal)."""
     worst = 0.0
+    pairs = zip(flatten_tensors(output, "out"), flatten_tensors(reference, "out"), strict=True)
     for (name, a), (_, b) in pairs:
-        if a is None or b is None or not a.numel():
+        if (a is None) != (b is None):
+            raise ValueError(f"{name}: one of this candidate and the baseline returned None")
+        if a is None:
             continue
         if a.shape != b.shape:
             raise ValueError(
                 f"{name}: shape {tuple(a.shape)} differs from the baseline's {tuple(b.shape)}"
             )
-        diff = (a.detach().double() - b.detach().double()).abs().nan_to_num(nan=math.inf)
-        worst = max(worst, float(diff.max()))
+        worst = max(worst, compare_tensors(name, a, b, Tolerance(0.0, 0.0)).max_abs_error)
     return worst
 
 
@@ -233,7 +238,7 @@ def _snapshot(output: Any) -> Any:
     if isinstance(output, torch.Tensor):
         return output.detach().clone()
     if isinstance(output, tuple | list):
-        return type(output)(_snapshot(o) for o in output)
+        return rebuild_sequence(output, (_snapshot(o) for o in output))
     if isinstance(output, Mapping):
         return {k: _snapshot(v) for k, v in output.items()}
     return output

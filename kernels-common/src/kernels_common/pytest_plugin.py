@@ -1,4 +1,6 @@
-"""pytest plugin shared by every package (registered through the ``pytest11`` entry point).
+"""pytest plugin shared by every package, loaded with ``-p kernels_common.pytest_plugin`` (the
+repository's root ``addopts``). It is deliberately not an auto-loaded ``pytest11`` entry point:
+installing kernels-common changes no one else's test runs.
 
 Markers:
 

@@ -9,6 +9,7 @@ plots of every package.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from kernels_common.results import RESULTS_FILE, ReproduceResults
@@ -46,9 +47,24 @@ def render_results(results: ReproduceResults, figure_prefix: str = "") -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class IndexSummary:
+    """What :func:`write_index` wrote and what it could not report."""
+
+    path: Path
+    reported: tuple[str, ...]
+    unreadable: tuple[str, ...]
+    missing: tuple[str, ...]
+
+    @property
+    def complete(self) -> bool:
+        """Every expected package reported readable results."""
+        return not self.unreadable and not self.missing
+
+
 def write_index(
     reports_dir: str | Path, failures: Sequence[str] = (), *, expected: Sequence[str] = ()
-) -> Path:
+) -> IndexSummary:
     """Gather ``<reports_dir>/*/results.json`` into ``<reports_dir>/index.md``.
 
     Args:
@@ -58,25 +74,20 @@ def write_index(
             ``failures``) is reported as missing.
 
     Returns:
-        The path of ``index.md``.
+        An :class:`IndexSummary`: the path of ``index.md`` and the packages reported, unreadable
+        (a ``results.json`` that does not load) and missing.
     """
     reports_dir = Path(reports_dir)
     reports_dir.mkdir(parents=True, exist_ok=True)
     found: dict[str, ReproduceResults] = {}
-    malformed: list[str] = []
+    malformed: dict[str, str] = {}
     for path in sorted(reports_dir.glob(f"*/{RESULTS_FILE}")):
         try:
             found[path.parent.name] = ReproduceResults.load(path)
         except ValueError as error:  # one bad file must not hide the other packages' results
-            malformed.append(f"`{path.parent.name}` ({error})")
+            malformed[path.parent.name] = str(error)
     sections = [render_results(results, f"{name}/") for name, results in found.items()]
-    missing = [
-        name
-        for name in expected
-        if name not in found
-        and name not in failures
-        and not any(f"`{name}`" in m for m in malformed)
-    ]
+    missing = [n for n in expected if n not in found and n not in failures and n not in malformed]
 
     lines = ["# Reproduce report", ""]
     if not found and not failures and not missing and not malformed:
@@ -93,7 +104,10 @@ def write_index(
     if missing:
         lines += ["Ran but wrote no results: " + ", ".join(f"`{name}`" for name in missing), ""]
     if malformed:
-        lines += ["Unreadable results: " + "; ".join(malformed), ""]
+        lines += [
+            "Unreadable results: " + "; ".join(f"`{n}` ({e})" for n, e in malformed.items()),
+            "",
+        ]
     index = reports_dir / INDEX_FILE
     index.write_text("\n".join(lines + sections).rstrip() + "\n")
-    return index
+    return IndexSummary(index, tuple(found), tuple(malformed), tuple(missing))

@@ -32,6 +32,26 @@ SCHEMA_VERSION = 1
 RESULTS_FILE = "results.json"
 
 Direction = Literal["at_least", "at_most", "within"]
+
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def encode_float(value: float) -> float | str:
+    """A float as JSON can hold it: non-finite values become ``"nan"``, ``"inf"``, ``"-inf"``."""
+    if math.isfinite(value):
+        return value
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def decode_float(value: float | str) -> float:
+    """Inverse of :func:`encode_float`."""
+    if isinstance(value, str):
+        if value not in _NON_FINITE:
+            raise ValueError(f"not a number: {value!r}")
+        return _NON_FINITE[value]
+    return value
+
+
 _DIRECTIONS = ("at_least", "at_most", "within")
 
 
@@ -74,6 +94,14 @@ class Claim:
         for label, value in (("measured", self.measured), ("threshold", self.threshold)):
             if not isinstance(value, int | float) or isinstance(value, bool):
                 raise TypeError(f"{label} must be a number, got {type(value).__name__}")
+        # the measurement may be NaN or infinite (a diverged run fails its claim), the bounds not
+        for label, value in (
+            ("threshold", self.threshold),
+            ("tolerance", self.tolerance),
+            ("paper_value", self.paper_value),
+        ):
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{label} must be finite, got {value}")
 
     @property
     def passed(self) -> bool:
@@ -134,6 +162,12 @@ class ReproduceResults:
         if duplicates:
             raise ValueError(f"claim names must be unique; repeated: {duplicates}")
         object.__setattr__(self, "figures", tuple(str(f) for f in self.figures))
+        if self.elapsed_s is not None and not math.isfinite(self.elapsed_s):
+            raise ValueError(f"elapsed_s must be finite, got {self.elapsed_s}")
+        try:
+            json.dumps(self.settings, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"settings must be plain JSON (finite numbers): {error}") from error
         for figure in self.figures:
             if Path(figure).is_absolute() or ".." in Path(figure).parts:
                 raise ValueError(
@@ -150,7 +184,7 @@ class ReproduceResults:
         data["claims"] = [
             {
                 **asdict(c),
-                "measured": None if math.isnan(c.measured) else c.measured,
+                "measured": encode_float(c.measured),
                 "passed": c.passed,
             }
             for c in self.claims
@@ -189,8 +223,7 @@ class ReproduceResults:
             stored_overall = data.pop("passed", None)
             claims = []
             for claim in stored_claims:
-                if claim.get("measured") is None:
-                    claim["measured"] = math.nan  # written as null: JSON has no NaN
+                claim["measured"] = decode_float(claim["measured"])
                 claims.append(Claim(**claim))
             results = cls(claims=tuple(claims), **data)
         except (TypeError, KeyError, AttributeError, json.JSONDecodeError, ValueError) as error:
