@@ -10,8 +10,11 @@
 
 A member declares what its sessions need in its own pyproject.toml: the `test` extra (pytest,
 kernels-common for the shared markers, peers), optional `gpu`/`bench`/`reproduce` extras, and a
-`[tool.monorepo]` table: `apt = [...]` Debian packages its data needs, `reproduce = true` when
-`python -m <import_name> reproduce --quick --out DIR` exists.
+`[tool.monorepo]` table: `reproduce = true` when `python -m <import_name> reproduce --quick --out
+DIR` exists; `apt` for the Debian packages its data needs and `no-deps` for requirements installed
+without their own dependencies, each either a list (always) or a table keyed by the extra that
+needs them (`[tool.monorepo.apt] fashion = ["dataset-fashion-mnist"]`), so a session installs
+heavy data only when one of its packages asks for that extra.
 
 Torch: the CPU build of torch 2.13.0. Where pip knows a local wheel folder (`pip config get
 global.find-links`) it is handed to uv at run time and the pin selects the wheel found there;
@@ -76,6 +79,16 @@ class Member:
         for extra in sorted(extras):
             specs += self.extras[extra]
         return [Requirement(spec) for spec in specs]
+
+    def per_extra(self, key: str, extras: set[str]) -> set[str]:
+        """`[tool.monorepo].<key>` entries that apply when installed with `extras`."""
+        value = self.tool.get(key, [])
+        if isinstance(value, list):
+            return set(value)
+        unknown = set(value) - set(self.extras)
+        if unknown:
+            raise ValueError(f"{self.name}: [tool.monorepo.{key}] names unknown extras {unknown}")
+        return {entry for extra in extras & set(value) for entry in value[extra]}
 
 
 @functools.cache
@@ -178,12 +191,22 @@ def install(session: nox.Session, wanted: dict[str, set[str]], *, cuda: bool = F
     for name, extras in wanted.items():
         for dependency, dep_extras in closure(name, extras).items():
             needed[dependency] = needed.get(dependency, set()) | dep_extras
-    ensure_apt(session, {p for name in needed for p in members()[name].tool.get("apt", [])})
+    table = members()
+    ensure_apt(
+        session,
+        {p for name, extras in needed.items() for p in table[name].per_extra("apt", extras)},
+    )
     specs = []
     for name, extras in sorted(needed.items()):
         suffix = f"[{','.join(sorted(extras))}]" if extras else ""
-        specs.append(f"{members()[name].path}{suffix}")
-    session.install("-c", str(prepare_env(session, cuda=cuda)), *specs)
+        specs.append(f"{table[name].path}{suffix}")
+    constraints = str(prepare_env(session, cuda=cuda))
+    session.install("-c", constraints, *specs)
+    no_deps = sorted(
+        {r for name, extras in needed.items() for r in table[name].per_extra("no-deps", extras)}
+    )
+    if no_deps:
+        session.install("--no-deps", "-c", constraints, *no_deps)
 
 
 def available(member: Member, *extras: str) -> set[str]:

