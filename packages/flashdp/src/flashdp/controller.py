@@ -1,0 +1,196 @@
+"""The state of a private model between backward passes: clipped sums, noise, accounting.
+
+Each DP layer reports its per-example :class:`~flashdp.clipping.Contribution` from inside its
+backward. Per-layer clipping reduces them to clipped sums at once; flat clipping keeps them
+(book-keeping) until the end of the backward pass, when every example's total norm is known. A
+logical batch ends when a backward pass outside :meth:`DPController.accumulate` finishes, or when
+that context exits: then, and only then, Gaussian noise N(0, σ²C²) is added once to each summed
+parameter gradient, the result divided by the batch size and written to ``.grad``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from flashdp.accountant import RDPAccountant
+from flashdp.clipping import Contribution, clip_coefficients
+from flashdp.config import PrivacyConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pass:
+    """What one backward pass has reported so far."""
+
+    batch_size: int
+    first_layer: str
+    layers: set[str] = field(default_factory=set)
+    pending: list[Contribution] = field(default_factory=list)
+
+
+class DPController:
+    """Clipped sums, noise and accounting of one private model (see the module docstring).
+
+    Get it with :func:`flashdp.get_controller`. Attributes: ``config`` (:class:`PrivacyConfig`),
+    ``steps`` (logical batches released so far), ``accountant`` (an :class:`RDPAccountant` when
+    ``config.sample_rate`` is set, else ``None``).
+    """
+
+    def __init__(
+        self,
+        config: PrivacyConfig,
+        parameters: Mapping[str, nn.Parameter],
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.config = config
+        self.generator = generator
+        self.steps = 0
+        self.accountant = RDPAccountant() if config.sample_rate is not None else None
+        self._parameters = dict(parameters)
+        self._bounds = dict(config.layer_norms)
+        self._sums: dict[str, torch.Tensor] = {}
+        self._examples = 0
+        self._pass: _Pass | None = None
+        self._accumulating = False
+
+    @property
+    def parameter_names(self) -> tuple[str, ...]:
+        """Names of the parameters whose gradients are clipped and noised."""
+        return tuple(self._parameters)
+
+    # -- called from the layers' backward -------------------------------------------------------
+
+    def record(self, layer: str, batch_size: int, contributions: list[Contribution]) -> None:
+        """Take one layer's per-example contributions (called once per layer per backward)."""
+        if self._pass is None:
+            self._pass = _Pass(batch_size, layer)
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
+        current = self._pass
+        if batch_size != current.batch_size:
+            self.abort()
+            raise ValueError(
+                f"layer {layer!r} saw a batch of {batch_size} examples but {current.first_layer!r} "
+                f"saw {current.batch_size} in the same backward pass: every DP layer needs the "
+                "examples in the first dimension of its input (do not flatten the batch into "
+                "the sequence, and do not broadcast one input over the batch, e.g. give GPT-2 "
+                "position_ids of shape (B, T))"
+            )
+        if layer in current.layers:
+            self.abort()
+            raise RuntimeError(
+                f"layer {layer!r} ran twice in one backward pass: a layer called several times "
+                "per forward (or recomputed by activation checkpointing) would be clipped once "
+                "per call, not once per example; call each DP layer once per forward"
+            )
+        current.layers.add(layer)
+        for contribution in contributions:
+            if not bool(torch.isfinite(contribution.norm2).all()):
+                self.abort()
+                raise FloatingPointError(
+                    f"non-finite per-example gradient norm in {contribution.name!r}; the step "
+                    "was discarded"
+                )
+        if self.config.clipping == "flat":
+            current.pending.extend(contributions)
+            return
+        for contribution in contributions:
+            coef = clip_coefficients(contribution.norm2, self._bounds[contribution.name])
+            self._add(contribution.name, contribution.clipped_sum(coef))
+
+    def _add(self, name: str, clipped_sum: torch.Tensor) -> None:
+        if name in self._sums:
+            self._sums[name].add_(clipped_sum)
+        else:
+            self._sums[name] = clipped_sum
+
+    def _end_pass(self) -> None:
+        current, self._pass = self._pass, None
+        if current is None:
+            return
+        if current.pending:
+            total = torch.stack([c.norm2 for c in current.pending]).sum(0)
+            coef = clip_coefficients(total, self.config.max_grad_norm)
+            for contribution in current.pending:
+                self._add(contribution.name, contribution.clipped_sum(coef))
+        self._examples += current.batch_size
+        if not self._accumulating:
+            self._release()
+
+    # -- logical batches --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def accumulate(self) -> Iterator[None]:
+        """Sum the clipped gradients of every backward pass inside, add noise once on exit.
+
+        Use it for gradient accumulation over micro-batches, and for Poisson batches that may be
+        empty (an empty block still releases noise, as the accountant assumes).
+
+        Example:
+            >>> with controller.accumulate():  # doctest: +SKIP
+            ...     for inputs, targets in micro_batches:
+            ...         loss_fn(model(inputs), targets).backward()
+            >>> optimizer.step()  # doctest: +SKIP
+        """
+        if self._accumulating:
+            raise RuntimeError("accumulate() is already active; it does not nest")
+        self._accumulating = True
+        try:
+            yield
+        except BaseException:
+            self.abort()
+            raise
+        else:
+            self._release()
+        finally:
+            self._accumulating = False
+
+    def abort(self) -> None:
+        """Discard everything gathered for the current logical batch (nothing is released)."""
+        self._pass = None
+        self._sums.clear()
+        self._examples = 0
+
+    def _release(self) -> None:
+        denominator = self.config.expected_batch_size or self._examples
+        if denominator == 0:
+            self.abort()
+            raise ValueError(
+                "the logical batch was empty and expected_batch_size is not set: pass "
+                "expected_batch_size to make_private (required with Poisson sampling)"
+            )
+        std = self.config.noise_std
+        for name, parameter in self._parameters.items():
+            summed = self._sums.get(name)
+            if summed is None:
+                summed = torch.zeros(parameter.shape, device=parameter.device)
+            if std > 0:
+                noise = torch.randn(summed.shape, generator=self.generator, device=summed.device)
+                summed = summed + noise * std
+            grad = (summed / denominator).to(parameter.dtype)
+            if parameter.grad is None:
+                parameter.grad = grad
+            else:
+                parameter.grad.add_(grad)
+        self.steps += 1
+        if self.accountant is not None:
+            assert self.config.sample_rate is not None
+            self.accountant.step(self.config.noise_multiplier, self.config.sample_rate)
+        logger.debug("released logical batch %d (%d examples)", self.steps, self._examples)
+        self._sums.clear()
+        self._examples = 0
+
+    def epsilon(self, delta: float) -> float:
+        """ε spent so far at this δ (needs ``sample_rate`` in :func:`flashdp.make_private`)."""
+        if self.accountant is None:
+            raise ValueError("no accountant: pass sample_rate to make_private to track ε")
+        if self.config.noise_multiplier == 0 and self.steps:
+            return math.inf
+        return self.accountant.get_epsilon(delta)

@@ -1,0 +1,230 @@
+"""DP versions of the supported layers: same parameters, clipping fused into the backward.
+
+Each layer's autograd Function computes the input gradient as usual and, in the same backward,
+each example's squared gradient norm and the means to form the clipped sum of its trainable
+parameters (:class:`~flashdp.clipping.Contribution`), which it hands to the model's
+:class:`~flashdp.controller.DPController`. It returns no gradient for the parameters: ``.grad`` is
+written only by the controller, with noise, once per logical batch.
+
+The first dimension of every input is the example (batch) dimension; any further leading
+dimensions (sequence, ...) belong to the same example.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flashdp import reference
+from flashdp.clipping import Contribution
+from flashdp.controller import DPController
+from flashdp.ops import linear_weight_clipped_sum_op, linear_weight_norm2_op
+
+
+class DPLayer(nn.Module):
+    """Base of the DP layers: the parameters of the layer it replaces plus the controller."""
+
+    def __init__(self, controller: DPController, names: dict[str, str], layer_name: str) -> None:
+        super().__init__()
+        self._controller = controller
+        self._names = names  # attribute ("weight") -> qualified name of a trainable parameter
+        self._layer_name = layer_name
+
+    def _per_example_scale(self, batch_size: int) -> float:
+        """Factor turning the output gradient of the reduced loss into Σ_b ℓ_b's."""
+        return float(batch_size) if self._controller.config.loss_reduction == "mean" else 1.0
+
+    def _record(self, batch_size: int, contributions: list[Contribution]) -> None:
+        self._controller.record(self._layer_name, batch_size, contributions)
+
+    def extra_repr(self) -> str:
+        return f"{self._layer_name!r}, clipped={sorted(self._names)}"
+
+
+def _batch_size(tensor: torch.Tensor, layer: str, min_dim: int) -> int:
+    if tensor.dim() < min_dim:
+        raise ValueError(
+            f"{layer}: input of shape {tuple(tensor.shape)} has no example dimension; DP layers "
+            f"need inputs of at least {min_dim} dims with the examples first"
+        )
+    return tensor.shape[0]
+
+
+def _as_bt(tensor: torch.Tensor, batch: int, width: int) -> torch.Tensor:
+    """``(B, ..., width)`` -> float32 ``(B, T, width)``."""
+    return tensor.reshape(batch, -1, width).float()
+
+
+def _matmul_contributions(
+    layer: DPLayer, x: torch.Tensor, grad: torch.Tensor, has_bias: bool, transposed: bool
+) -> list[Contribution]:
+    """Contributions of ``y = x Wᵀ + b`` (``transposed``: ``y = x W + b``, GPT-2's Conv1D)."""
+    batch = x.shape[0]
+    x3 = _as_bt(x, batch, x.shape[-1])
+    g3 = _as_bt(grad, batch, grad.shape[-1]) * layer._per_example_scale(batch)
+    backend = layer._controller.config.backend
+    contributions = []
+    if "weight" in layer._names:
+
+        def weight_sum(coef: torch.Tensor) -> torch.Tensor:
+            summed = linear_weight_clipped_sum_op(x3, g3, coef, backend=backend)
+            return summed.T if transposed else summed
+
+        norm2 = linear_weight_norm2_op(x3, g3, backend=backend)
+        contributions.append(Contribution(layer._names["weight"], norm2, weight_sum))
+    if has_bias and "bias" in layer._names:
+        per_example = reference.bias_per_example(g3)
+        contributions.append(
+            Contribution(layer._names["bias"], per_example.square().sum(1), per_example.T.mv)
+        )
+    return contributions
+
+
+class _MatmulFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x, weight, bias, layer: DPLayer, transposed: bool) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.layer, ctx.transposed, ctx.has_bias = layer, transposed, bias is not None
+        if transposed:
+            out = x @ weight
+            return out if bias is None else out + bias
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad @ (weight.T if ctx.transposed else weight)
+        layer = ctx.layer
+        layer._record(
+            x.shape[0], _matmul_contributions(layer, x, grad, ctx.has_bias, ctx.transposed)
+        )
+        return grad_x, None, None, None, None
+
+
+class DPLinear(DPLayer):
+    """``nn.Linear`` with per-example clipping: input ``(B, *, in_features)``."""
+
+    def __init__(self, source: nn.Linear, controller, names, layer_name) -> None:
+        super().__init__(controller, names, layer_name)
+        self.in_features, self.out_features = source.in_features, source.out_features
+        self.weight = source.weight
+        self.bias = source.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _batch_size(x, self._layer_name, 2)
+        return _MatmulFunction.apply(x, self.weight, self.bias, self, False)
+
+
+class DPConv1D(DPLayer):
+    """Hugging Face GPT-2 ``Conv1D`` (``y = x W + b``, ``W: (nx, nf)``) with per-example
+    clipping: input ``(B, *, nx)``."""
+
+    def __init__(self, source: nn.Module, controller, names, layer_name) -> None:
+        super().__init__(controller, names, layer_name)
+        self.nf = source.nf
+        self.nx = source.weight.shape[0]
+        self.weight = source.weight
+        self.bias = source.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _batch_size(x, self._layer_name, 2)
+        return _MatmulFunction.apply(x, self.weight, self.bias, self, True)
+
+
+class _EmbeddingFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, indices, weight, layer: DPEmbedding) -> torch.Tensor:
+        ctx.save_for_backward(indices)
+        ctx.layer = layer
+        return F.embedding(indices, weight, layer.padding_idx)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        (indices,) = ctx.saved_tensors
+        layer: DPEmbedding = ctx.layer
+        batch = indices.shape[0]
+        flat = indices.reshape(batch, -1)
+        g3 = _as_bt(grad, batch, grad.shape[-1]) * layer._per_example_scale(batch)
+        pad = layer.padding_idx
+
+        def clipped_sum(coef: torch.Tensor) -> torch.Tensor:
+            return reference.embedding_clipped_sum(flat, g3, coef, layer.num_embeddings, pad)
+
+        norm2 = reference.embedding_norm2(flat, g3, pad)
+        layer._record(batch, [Contribution(layer._names["weight"], norm2, clipped_sum)])
+        return None, None, None
+
+
+class DPEmbedding(DPLayer):
+    """``nn.Embedding`` with per-example clipping: indices ``(B, *)``."""
+
+    def __init__(self, source: nn.Embedding, controller, names, layer_name) -> None:
+        super().__init__(controller, names, layer_name)
+        self.num_embeddings, self.embedding_dim = source.num_embeddings, source.embedding_dim
+        self.padding_idx = source.padding_idx
+        self.weight = source.weight
+
+    def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        _batch_size(indices, self._layer_name, 1)
+        return _EmbeddingFunction.apply(indices, self.weight, self)
+
+
+class _LayerNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x, weight, bias, layer: DPLayerNorm) -> torch.Tensor:
+        ctx.save_for_backward(x, weight, bias)
+        ctx.layer = layer
+        return F.layer_norm(x, layer.normalized_shape, weight, bias, layer.eps)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        x, weight, bias = ctx.saved_tensors
+        layer: DPLayerNorm = ctx.layer
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            with torch.enable_grad():
+                x_ = x.detach().requires_grad_(True)
+                w = None if weight is None else weight.detach()
+                b = None if bias is None else bias.detach()
+                out = F.layer_norm(x_, layer.normalized_shape, w, b, layer.eps)
+                (grad_x,) = torch.autograd.grad(out, x_, grad)
+        batch = x.shape[0]
+        width = math.prod(layer.normalized_shape)
+        g3 = _as_bt(grad, batch, width) * layer._per_example_scale(batch)
+        grad_weight, grad_bias = reference.layer_norm_per_example(
+            _as_bt(x, batch, width), g3, layer.eps
+        )
+        contributions = []
+        for attribute, per_example in (("weight", grad_weight), ("bias", grad_bias)):
+            if attribute in layer._names:
+                shape = layer.normalized_shape
+
+                def clipped_sum(coef: torch.Tensor, per_example=per_example, shape=shape):
+                    return (per_example.T @ coef).reshape(shape)
+
+                contributions.append(
+                    Contribution(layer._names[attribute], per_example.square().sum(1), clipped_sum)
+                )
+        layer._record(batch, contributions)
+        return grad_x, None, None, None
+
+
+class DPLayerNorm(DPLayer):
+    """``nn.LayerNorm`` with per-example clipping: input ``(B, *, *normalized_shape)``."""
+
+    def __init__(self, source: nn.LayerNorm, controller, names, layer_name) -> None:
+        super().__init__(controller, names, layer_name)
+        self.normalized_shape = tuple(source.normalized_shape)
+        self.eps = source.eps
+        self.weight = source.weight
+        self.bias = source.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _batch_size(x, self._layer_name, len(self.normalized_shape) + 1)
+        return _LayerNormFunction.apply(x, self.weight, self.bias, self)

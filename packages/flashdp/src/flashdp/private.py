@@ -1,0 +1,225 @@
+"""``make_private``: swap a model's trainable layers for DP layers, refusing what cannot be
+clipped."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from flashdp.config import Clipping, LossReduction, PrivacyConfig
+from flashdp.controller import DPController
+from flashdp.layers import DPConv1D, DPEmbedding, DPLayer, DPLayerNorm, DPLinear
+
+SUPPORTED_LAYERS = "nn.Linear, nn.Embedding, nn.LayerNorm, transformers' GPT-2 Conv1D"
+_CONTROLLER_ATTRIBUTE = "_flashdp_controller"
+
+
+def _is_hf_conv1d(module: nn.Module) -> bool:
+    cls = type(module)
+    return cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers.")
+
+
+def _dp_class(module: nn.Module) -> type[DPLayer] | None:
+    """The DP layer for exactly this type (subclasses may change ``forward``: not supported)."""
+    if type(module) is nn.Linear:
+        return DPLinear
+    if type(module) is nn.LayerNorm:
+        return DPLayerNorm
+    if type(module) is nn.Embedding:
+        unsupported = {
+            "max_norm": module.max_norm is not None,
+            "scale_grad_by_freq": module.scale_grad_by_freq,
+            "sparse": module.sparse,
+        }
+        bad = [name for name, on in unsupported.items() if on]
+        if bad:
+            raise ValueError(f"nn.Embedding with {', '.join(bad)} is not supported by flashdp")
+        return DPEmbedding
+    if _is_hf_conv1d(module):
+        return DPConv1D
+    return None
+
+
+def _trainable_shared(model: nn.Module) -> dict[int, list[str]]:
+    owners: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        if parameter.requires_grad:
+            owners.setdefault(id(parameter), []).append(name)
+    return {key: names for key, names in owners.items() if len(names) > 1}
+
+
+def _refuse_escape(parameter: nn.Parameter, name: str) -> None:
+    def hook(grad: torch.Tensor | None) -> None:
+        # The DP layers return no gradient for their parameters (autograd passes None here):
+        # any actual gradient reached the parameter through another path.
+        if grad is None:
+            return
+        raise RuntimeError(
+            f"parameter {name!r} received a gradient outside its DP layer (used directly "
+            "elsewhere in the forward): that gradient would escape clipping. Use the "
+            "parameter only through its layer, or freeze it"
+        )
+
+    parameter.register_hook(hook)
+
+
+def _resolve_bounds(
+    names: list[str], clipping: Clipping, max_grad_norm: float, layer_norms
+) -> tuple[tuple[str, float], ...]:
+    if clipping == "flat":
+        if layer_norms is not None:
+            raise ValueError("layer_norms is only used with clipping='per_layer'")
+        return ()
+    if layer_norms is None:
+        bound = max_grad_norm / math.sqrt(len(names))
+        return tuple((name, bound) for name in names)
+    if not isinstance(layer_norms, Mapping):
+        raise TypeError("layer_norms must map parameter names to bounds C_l")
+    missing = sorted(set(names) - set(layer_norms))
+    unknown = sorted(set(layer_norms) - set(names))
+    if missing or unknown:
+        raise ValueError(
+            f"layer_norms must give exactly the trainable parameters; missing {missing}, "
+            f"unknown {unknown}"
+        )
+    return tuple((name, float(layer_norms[name])) for name in names)
+
+
+def make_private(
+    model: nn.Module,
+    *,
+    max_grad_norm: float,
+    noise_multiplier: float,
+    clipping: Clipping = "per_layer",
+    layer_norms: Mapping[str, float] | None = None,
+    expected_batch_size: int | None = None,
+    target_modules: list[str] | None = None,
+    loss_reduction: LossReduction = "mean",
+    sample_rate: float | None = None,
+    generator: torch.Generator | None = None,
+    backend: str | None = None,
+) -> nn.Module:
+    """Make ``model`` differentially private: its trainable layers become DP layers in place.
+
+    After ``loss.backward()`` (or at the end of :meth:`DPController.accumulate`) every trainable
+    parameter's ``.grad`` is ``(Σ_b clip(g_b) + N(0, σ²C²)) / B``: the sum of the examples'
+    clipped gradients plus Gaussian noise of standard deviation ``noise_multiplier *
+    max_grad_norm`` on every coordinate (the Gaussian mechanism for L2 sensitivity C), divided
+    by ``expected_batch_size`` (or by the number of examples when it is ``None``). Parameter
+    objects and the state dict are unchanged.
+
+    Args:
+        model: a module whose trainable parameters all belong to supported layers
+            (``nn.Linear``, ``nn.Embedding``, ``nn.LayerNorm``, transformers' GPT-2 ``Conv1D``);
+            frozen parameters may live anywhere. Every layer input has the examples first.
+        max_grad_norm: C, the bound of one example's whole gradient.
+        noise_multiplier: σ.
+        clipping: ``"per_layer"``: each parameter tensor l is clipped to C_l inside its layer's
+            backward (C_l = C/√L for L trainable tensors, or ``layer_norms``); ``"flat"``: the
+            whole gradient is clipped to C once all per-example norms are known.
+        layer_norms: explicit C_l per trainable parameter name; their L2 norm must not exceed
+            ``max_grad_norm``.
+        expected_batch_size: the gradient's denominator B (set it with Poisson sampling).
+        target_modules: names of the modules to make private (default: all supported layers
+            holding trainable parameters); every trainable parameter outside them is refused.
+        loss_reduction: ``"mean"`` if backward is called on the mean over the micro-batch of the
+            per-example losses, ``"sum"`` for their sum.
+        sample_rate: Poisson sampling rate q; enables ε tracking (``get_controller(model)``).
+        generator: random generator for the noise (on the parameters' device).
+        backend: backend of the fused linear clipping (``"reference"``, ``"triton"``...).
+
+    Returns:
+        The model (the DP layer itself if ``model`` is a single supported layer).
+
+    Raises:
+        ValueError: a trainable parameter outside a supported layer, a parameter shared by two
+            layers, an unsupported layer option, or invalid settings.
+
+    Example:
+        >>> import torch
+        >>> model = make_private(
+        ...     torch.nn.Linear(4, 2), max_grad_norm=1.0, noise_multiplier=0.0, loss_reduction="sum"
+        ... )
+        >>> model(torch.randn(3, 4)).sum().backward()
+        >>> model.weight.grad.shape
+        torch.Size([2, 4])
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if hasattr(model, _CONTROLLER_ATTRIBUTE) or isinstance(model, DPLayer):
+        raise ValueError("model is already private")
+    shared = _trainable_shared(model)
+    if shared:
+        raise ValueError(
+            "trainable parameters shared by several modules would be clipped once per use: "
+            f"{sorted(shared.values())}; untie them (tie_word_embeddings=False) or freeze them"
+        )
+    modules = dict(model.named_modules())
+    if target_modules is not None:
+        unknown = sorted(set(target_modules) - set(modules))
+        if unknown:
+            raise ValueError(f"target_modules not found in the model: {unknown}")
+    wanted = set(modules) if target_modules is None else set(target_modules)
+
+    layers: dict[str, tuple[nn.Module, type[DPLayer], dict[str, str]]] = {}
+    covered: set[str] = set()
+    for module_name, module in modules.items():
+        own = {
+            attribute: f"{module_name}.{attribute}" if module_name else attribute
+            for attribute, p in module.named_parameters(recurse=False)
+            if p.requires_grad
+        }
+        if not own or module_name not in wanted:
+            continue
+        dp_class = _dp_class(module)
+        if dp_class is not None:
+            layers[module_name] = (module, dp_class, own)
+            covered.update(own.values())
+    escaping = [
+        name for name, p in model.named_parameters() if p.requires_grad and name not in covered
+    ]
+    if escaping:
+        raise ValueError(
+            f"trainable parameters outside a supported DP layer ({SUPPORTED_LAYERS}"
+            f"{'' if target_modules is None else ', listed in target_modules'}): {escaping}. "
+            "Freeze them (requires_grad_(False)) or use supported layers"
+        )
+    if not layers:
+        raise ValueError("model has no trainable parameters to make private")
+
+    parameters = dict(model.named_parameters())
+    names = [name for name in parameters if name in covered]
+    config = PrivacyConfig(
+        max_grad_norm=max_grad_norm,
+        noise_multiplier=noise_multiplier,
+        clipping=clipping,
+        layer_norms=_resolve_bounds(names, clipping, max_grad_norm, layer_norms),
+        expected_batch_size=expected_batch_size,
+        loss_reduction=loss_reduction,
+        sample_rate=sample_rate,
+        backend=backend,
+    )
+    controller = DPController(config, {name: parameters[name] for name in names}, generator)
+    for name in names:
+        _refuse_escape(parameters[name], name)
+    root = model
+    for module_name, (module, dp_class, own) in layers.items():
+        replacement = dp_class(module, controller, own, module_name or type(module).__name__)
+        if not module_name:
+            root = replacement
+            continue
+        parent_name, _, child = module_name.rpartition(".")
+        setattr(modules[parent_name], child, replacement)
+    object.__setattr__(root, _CONTROLLER_ATTRIBUTE, controller)
+    return root
+
+
+def get_controller(model: nn.Module) -> DPController:
+    """The :class:`DPController` of a model returned by :func:`make_private`."""
+    controller = getattr(model, _CONTROLLER_ATTRIBUTE, None)
+    if controller is None:
+        raise ValueError("model was not made private with flashdp.make_private")
+    return controller
