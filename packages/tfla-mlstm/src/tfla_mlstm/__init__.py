@@ -1,0 +1,34 @@
+"""Tiled Flash Linear Attention (TFLA) for the mLSTM and the mLSTMsig, with xLSTM blocks.
+
+Ops follow ``mlstm-kernels``' calling convention; :func:`mlstm_chunkwise` and
+:func:`mlstmsig_chunkwise` run TFLA's Triton kernels on CUDA and a PyTorch chunkwise path on the
+CPU. Importing this package neither imports Triton nor touches CUDA.
+"""
+
+from tfla_mlstm.ops import (
+    mlstm_chunkwise,
+    mlstm_parallel,
+    mlstm_recurrent,
+    mlstm_step,
+    mlstmsig_chunkwise,
+    mlstmsig_parallel,
+    mlstmsig_recurrent,
+    mlstmsig_step,
+)
+from tfla_mlstm.states import MLSTMSigState, MLSTMState
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MLSTMSigState",
+    "MLSTMState",
+    "__version__",
+    "mlstm_chunkwise",
+    "mlstm_parallel",
+    "mlstm_recurrent",
+    "mlstm_step",
+    "mlstmsig_chunkwise",
+    "mlstmsig_parallel",
+    "mlstmsig_recurrent",
+    "mlstmsig_step",
+]
