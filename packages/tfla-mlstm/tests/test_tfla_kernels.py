@@ -1,0 +1,119 @@
+"""TFLA Triton kernels (forward and backward) against the float64 parallel form.
+
+Runs on the CPU interpreter under ``TRITON_INTERPRET=1`` (tiny shapes) and compiled on CUDA.
+Tolerances in float32: outputs ``atol = rtol = 1e-4``, gradients ``atol = rtol = 1e-3`` (the
+specification's bounds; the kernels use full-precision float32 dots and reorder sums of at most
+a few hundred O(1) terms). bf16/fp16 on the GPU: a few bf16/fp16 roundings of O(1) values
+(``2^-8``, ``2^-11``) accumulated over the head dimension, see ``LOW_PRECISION``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from tfla_mlstm import mlstm_chunkwise, mlstm_parallel, mlstmsig_chunkwise, mlstmsig_parallel
+
+from kernels_common.testing import Tolerance, assert_kernel_matches
+
+OUT_TOL = Tolerance(atol=1e-4, rtol=1e-4)
+GRAD_TOL = Tolerance(atol=1e-3, rtol=1e-3)
+LOW_PRECISION = {
+    torch.bfloat16: (Tolerance(atol=5e-2, rtol=5e-2), Tolerance(atol=2e-1, rtol=1e-1)),
+    torch.float16: (Tolerance(atol=1e-2, rtol=1e-2), Tolerance(atol=5e-2, rtol=2e-2)),
+}
+
+VARIANTS = {
+    "mlstm": (mlstm_parallel, mlstm_chunkwise, {}),
+    "sig": (mlstmsig_parallel, mlstmsig_chunkwise, {"normalize": True}),
+    "sig-unnormalized": (mlstmsig_parallel, mlstmsig_chunkwise, {"normalize": False}),
+}
+# (B, NH, S, DQK, DV, chunk_size): S = 1, S not a multiple of the chunk, several chunks, DQK != DV,
+# head dims above one 64-wide tile, chunks of several 64-step tiles, B = 1 and 3
+CASES = [
+    (1, 1, 1, 8, 8, 16),
+    (3, 1, 17, 8, 12, 16),
+    (1, 2, 70, 16, 8, 32),
+    (1, 1, 200, 8, 16, 256),
+    (1, 1, 40, 80, 72, 16),
+]
+
+
+def device_of(backend) -> str:
+    return "cpu" if backend.value == "interpreter" else "cuda"
+
+
+def check(triton_backend, variant, inputs, dtype=torch.float32, chunk_size=16, **options):
+    parallel, chunkwise, variant_options = VARIANTS[variant]
+    tolerances = (OUT_TOL, GRAD_TOL) if dtype == torch.float32 else LOW_PRECISION[dtype]
+    return assert_kernel_matches(
+        functools.partial(parallel, **variant_options, **options),
+        functools.partial(
+            chunkwise, chunk_size=chunk_size, backend=triton_backend, **variant_options, **options
+        ),
+        inputs,
+        reference_dtype=torch.float64,
+        tolerances=tolerances[0],
+        grad_tolerances=tolerances[1],
+    )
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_kernels_match_the_parallel_form(triton_backend, make_inputs, variant, case):
+    *sizes, chunk_size = case
+    device = device_of(triton_backend)
+    report = check(
+        triton_backend,
+        variant,
+        make_inputs(*sizes, sig=variant != "mlstm", device=device),
+        chunk_size=chunk_size,
+    )
+    assert {"out", "grad[q]", "grad[i]", "grad[f]"} <= {c.name for c in report.comparisons}
+
+
+@pytest.mark.parametrize("variant", ["mlstm", "sig"])
+def test_kernels_carry_states_in_and_out(triton_backend, make_inputs, variant):
+    """Initial state in, last state out: values and gradients of both, through the kernels."""
+    device = device_of(triton_backend)
+    report = check(
+        triton_backend,
+        variant,
+        make_inputs(2, 1, 33, 8, 16, sig=variant == "sig", state=True, device=device),
+        return_last_state=True,
+    )
+    assert "grad[initial_state[0]]" in {c.name for c in report.comparisons}
+
+
+def test_large_gates_stay_finite(triton_backend, make_inputs):
+    device = device_of(triton_backend)
+    make = make_inputs(1, 1, 48, 8, 8, gate_scale=8.0, device=device)
+    inputs = make(torch.Generator().manual_seed(3))
+    assert inputs["i"].abs().max() > 15
+    h = mlstm_chunkwise(**inputs, chunk_size=16, backend=triton_backend)
+    h.sum().backward()
+    assert torch.isfinite(h).all()
+    assert all(torch.isfinite(inputs[n].grad).all() for n in "qkvif")
+    check(triton_backend, "mlstm", make)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("variant", ["mlstm", "sig"])
+def test_low_precision_on_the_gpu(make_inputs, dtype, variant):
+    check(
+        "triton",
+        variant,
+        make_inputs(2, 4, 1000, 64, 128, sig=variant == "sig", dtype=dtype, device="cuda"),
+        dtype=dtype,
+        chunk_size=128,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk_size", [128, 512, 1024])
+def test_large_chunks_on_the_gpu(make_inputs, chunk_size):
+    check(
+        "triton", "mlstm", make_inputs(1, 2, 2048, 128, 256, device="cuda"), chunk_size=chunk_size
+    )
