@@ -1,14 +1,22 @@
 """Real datasets and pretrained models that install offline, plus seeded generators.
 
 Every loader returns plain numpy arrays, torch tensors or Python objects with documented shapes,
-never touches the network, and raises `DataNotFoundError` (a `FileNotFoundError`) naming the
-exact install command when its data is missing.
+never touches the network, accepts the path of the user's own copy in the standard format, and
+raises `DataNotFoundError` (a `FileNotFoundError`) naming the exact install command when its data
+is missing. Heavy optional libraries (transformers, scikit-image, ...) are imported only by the
+loaders that need them.
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
-from benchdata._files import CACHE_ENV, DataNotFoundError, cache_dir
+from benchdata._files import CACHE_ENV, INSTALL, DataNotFoundError, cache_dir
+from benchdata.graphs import Graph, csbm, edge_homophily, image_knn_graph, knn_graph
+from benchdata.models import PretrainedLM, minilm_encoder, smollm2_135m
+from benchdata.sequences import TokenSequences, token_sequences, zipf_pmf
+from benchdata.sharegpt import sharegpt_conversations
+from benchdata.sr import sr_images
 from benchdata.text import TextCorpus, fortunes_corpus, lm_batch, tokenizer_cl100k
+from benchdata.vision import ImageDataset, digits, fashion_mnist, mnist_5k
 
 try:
     __version__ = version("benchdata")
@@ -17,11 +25,29 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 
 __all__ = [
     "CACHE_ENV",
+    "INSTALL",
     "DataNotFoundError",
+    "Graph",
+    "ImageDataset",
+    "PretrainedLM",
     "TextCorpus",
+    "TokenSequences",
     "__version__",
     "cache_dir",
+    "csbm",
+    "digits",
+    "edge_homophily",
+    "fashion_mnist",
     "fortunes_corpus",
+    "image_knn_graph",
+    "knn_graph",
     "lm_batch",
+    "minilm_encoder",
+    "mnist_5k",
+    "sharegpt_conversations",
+    "smollm2_135m",
+    "sr_images",
+    "token_sequences",
     "tokenizer_cl100k",
+    "zipf_pmf",
 ]

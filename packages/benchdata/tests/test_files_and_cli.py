@@ -1,0 +1,64 @@
+import pytest
+
+import benchdata
+from benchdata import CACHE_ENV, DataNotFoundError, cache_dir
+from benchdata.__main__ import main
+from benchdata._files import file_digest, verify_manifest, write_manifest
+
+
+def test_cache_dir_respects_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
+    assert cache_dir("models") == tmp_path / "mine" / "models"
+    assert (tmp_path / "mine" / "models").is_dir()
+    monkeypatch.delenv(CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "benchdata"
+
+
+def test_manifest_detects_changed_missing_and_incomplete_files(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"abc")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.txt").write_text("b")
+    assert verify_manifest(tmp_path) is None  # no manifest yet: an unfinished folder
+    write_manifest(tmp_path, {"source": "test"})
+    manifest = verify_manifest(tmp_path)
+    # sha256("abc"), the FIPS 180-2 test vector
+    assert manifest["files"]["a.bin"] == (
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    )
+    assert manifest["source"] == "test"
+    assert file_digest(tmp_path / "sub" / "b.txt") == manifest["files"]["sub/b.txt"]
+    (tmp_path / "a.bin").write_bytes(b"abd")
+    assert verify_manifest(tmp_path) is None
+    (tmp_path / "a.bin").unlink()
+    assert verify_manifest(tmp_path) is None
+
+
+def test_not_found_error_is_a_file_not_found_error_with_the_command():
+    error = DataNotFoundError("Fashion-MNIST", "/nowhere", "fashion")
+    assert isinstance(error, FileNotFoundError)
+    assert "apt-get install dataset-fashion-mnist" in str(error)
+    assert "/nowhere" in str(error)
+
+
+def test_importing_benchdata_loads_no_heavy_optional_library():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, benchdata; "
+        "print([m for m in ('transformers', 'skimage', 'sklearn', 'tiktoken', "
+        "'sentence_transformers', 'mlxtend') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_cli_info_lists_every_source(capsys):
+    assert main(["info"]) == 0  # the test environment installs every source
+    out = capsys.readouterr().out
+    for source in benchdata.INSTALL:
+        if source != "graphs":
+            assert f"{source} " in out
+    with pytest.raises(SystemExit):
+        main(["prepare", "gpt5"])
