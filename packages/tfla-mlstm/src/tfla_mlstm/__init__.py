@@ -5,6 +5,8 @@ Ops follow ``mlstm-kernels``' calling convention; :func:`mlstm_chunkwise` and
 CPU. Importing this package neither imports Triton nor touches CUDA.
 """
 
+from tfla_mlstm.layers import mLSTMLayer, xLSTMBlock
+from tfla_mlstm.model import xLSTMConfig, xLSTMLM
 from tfla_mlstm.ops import (
     mlstm_chunkwise,
     mlstm_parallel,
@@ -23,6 +25,7 @@ __all__ = [
     "MLSTMSigState",
     "MLSTMState",
     "__version__",
+    "mLSTMLayer",
     "mlstm_chunkwise",
     "mlstm_parallel",
     "mlstm_recurrent",
@@ -31,4 +34,7 @@ __all__ = [
     "mlstmsig_parallel",
     "mlstmsig_recurrent",
     "mlstmsig_step",
+    "xLSTMBlock",
+    "xLSTMConfig",
+    "xLSTMLM",
 ]
