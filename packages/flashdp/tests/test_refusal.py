@@ -1,0 +1,174 @@
+"""Whatever could let a gradient escape clipping is refused with an error naming it."""
+
+from __future__ import annotations
+
+import flashdp
+import pytest
+import torch
+from torch import nn
+
+
+def make(model, **kwargs):
+    options = {"max_grad_norm": 1.0, "noise_multiplier": 1.0, "backend": "reference"}
+    return flashdp.make_private(model, **{**options, **kwargs})
+
+
+def test_unsupported_trainable_layer_is_named():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Conv1d(4, 4, 1))
+    with pytest.raises(ValueError, match=r"1\.weight.*1\.bias|1\.bias.*1\.weight"):
+        make(model)
+
+
+def test_bare_parameter_is_refused():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(3, 3)
+            self.scale = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            return self.proj(x) * self.scale
+
+    with pytest.raises(ValueError, match="'scale'"):
+        make(Scaled())
+
+
+def test_frozen_unsupported_parameters_are_fine_and_state_dict_is_unchanged():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Conv1d(4, 4, 1), nn.Linear(4, 2))
+    model[1].requires_grad_(False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    weight = model[0].weight
+    private = make(model)
+    assert private.state_dict().keys() == before.keys()
+    assert all(torch.equal(private.state_dict()[k], v) for k, v in before.items())
+    assert private[0].weight is weight
+    assert isinstance(private[0], flashdp.DPLinear)
+    assert isinstance(private[1], nn.Conv1d)
+    assert flashdp.get_controller(private).parameter_names == (
+        "0.weight",
+        "0.bias",
+        "2.weight",
+        "2.bias",
+    )
+
+
+def test_subclass_of_a_supported_layer_is_refused():
+    class MyLinear(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    with pytest.raises(ValueError, match="trainable parameters outside"):
+        make(nn.Sequential(MyLinear(3, 3)))
+
+
+def test_tied_parameters_are_refused():
+    embedding, head = nn.Embedding(5, 4), nn.Linear(4, 5, bias=False)
+    head.weight = embedding.weight
+    with pytest.raises(ValueError, match="shared"):
+        make(nn.ModuleDict({"embedding": embedding, "head": head}))
+
+
+def test_target_modules_leave_others_refused():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    with pytest.raises(ValueError, match=r"1\.weight"):
+        make(model, target_modules=["0"])
+    model[1].requires_grad_(False)
+    assert isinstance(make(model, target_modules=["0"])[0], flashdp.DPLinear)
+
+
+def test_parameter_used_outside_its_layer_fails_backward():
+    class Leaky(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.proj(x) + x @ self.proj.weight  # second, unclipped use
+
+    private = make(Leaky())
+    with pytest.raises(RuntimeError, match="escape clipping"):
+        private(torch.randn(2, 3)).sum().backward()
+    assert private.proj.weight.grad is None
+
+
+def test_layer_called_twice_is_refused():
+    layer = nn.Linear(3, 3)
+    private = make(nn.Sequential(layer))
+    with pytest.raises(RuntimeError, match="twice"):
+        private(private(torch.randn(2, 3))).sum().backward()
+
+
+def test_batch_broadcast_is_refused():
+    """An input shared by the whole batch (GPT-2's default position ids) is not one example's."""
+
+    class Positions(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokens, self.positions = nn.Embedding(5, 4), nn.Embedding(6, 4)
+
+        def forward(self, ids):
+            return self.tokens(ids) + self.positions(torch.arange(ids.shape[1])[None])
+
+    private = make(Positions())
+    with pytest.raises(ValueError, match="saw 1 in the same backward pass"):
+        private(torch.randint(0, 5, (3, 6))).sum().backward()
+    # the next, correct step is not affected by the aborted one
+    out = private.tokens(torch.randint(0, 5, (3, 6)))
+    out.sum().backward()
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("scale_grad_by_freq", True), ("sparse", True), ("max_norm", 1.0)]
+)
+def test_embedding_options_that_break_clipping(option, value):
+    with pytest.raises(ValueError, match=option):
+        make(nn.Embedding(5, 3, **{option: value}))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"max_grad_norm": 0.0}, ValueError, "max_grad_norm"),
+        ({"noise_multiplier": -1.0}, ValueError, "noise_multiplier"),
+        ({"noise_multiplier": "1"}, TypeError, "noise_multiplier"),
+        ({"clipping": "global"}, ValueError, "clipping"),
+        ({"loss_reduction": "none"}, ValueError, "loss_reduction"),
+        ({"expected_batch_size": 0}, ValueError, "expected_batch_size"),
+        ({"sample_rate": 2.0}, ValueError, "sample_rate"),
+        ({"layer_norms": {"weight": 1.0}}, ValueError, "missing"),
+        ({"layer_norms": {"weight": 1.0, "bias": 1.0}}, ValueError, "too small"),
+        (
+            {"clipping": "flat", "layer_norms": {"weight": 0.5, "bias": 0.5}},
+            ValueError,
+            "per_layer",
+        ),
+        ({"target_modules": ["nope"]}, ValueError, "nope"),
+    ],
+)
+def test_bad_settings(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        make(nn.Linear(3, 2), **kwargs)
+
+
+def test_bad_inputs():
+    with pytest.raises(TypeError, match=r"nn\.Module"):
+        flashdp.make_private("model", max_grad_norm=1.0, noise_multiplier=1.0)
+    private = make(nn.Sequential(nn.Linear(3, 2)))
+    with pytest.raises(ValueError, match="already private"):
+        make(private)
+    with pytest.raises(ValueError, match="example dimension"):
+        private(torch.randn(3))
+    with pytest.raises(ValueError, match="not made private"):
+        flashdp.get_controller(nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="no trainable"):
+        make(nn.Sequential(nn.Linear(3, 2).requires_grad_(False)))
+    with pytest.raises(ValueError, match="sample_rate"):
+        flashdp.get_controller(private).epsilon(1e-5)
+
+
+def test_non_finite_gradient_discards_the_step():
+    private = make(nn.Sequential(nn.Linear(3, 2)), noise_multiplier=0.0)
+    x = torch.tensor([[1.0, 2.0, float("inf")]])
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        private(x).sum().backward()
+    assert private[0].weight.grad is None
