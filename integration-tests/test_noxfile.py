@@ -1,4 +1,5 @@
-"""The noxfile's workspace logic on a made-up workspace: members, dependency closure, torch pin."""
+"""The noxfile's workspace logic on a made-up workspace: members, dependency closure, per-extra
+system packages, torch pin."""
 
 from __future__ import annotations
 
@@ -60,7 +61,20 @@ def workspace(tmp_path: Path) -> Path:
     )
     write(
         tmp_path / "packages/paper-data/pyproject.toml",
-        '[project]\nname = "Paper_Data"\nversion = "0.1.0"\ndependencies = ["base"]\n',
+        """
+        [project]
+        name = "Paper_Data"
+        version = "0.1.0"
+        dependencies = ["base"]
+        [project.optional-dependencies]
+        text = []
+        model = ["transformers"]
+        all = ["paper-data[text,model]"]
+        [tool.monorepo.apt]
+        text = ["fortunes"]
+        [tool.monorepo.no-deps]
+        model = ["weights-wheel==1.0"]
+        """,
     )
     return tmp_path
 
@@ -99,3 +113,33 @@ def test_torch_pin_prefers_the_local_cpu_wheel(noxfile, tmp_path: Path):
     (tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").touch()
     assert noxfile.torch_pin(f"/nonexistent {tmp_path}") == "torch==2.13.0+cpu"
     assert noxfile.torch_pin("") == "torch==2.13.0"
+
+
+def test_system_packages_and_no_deps_installs_follow_the_extras(noxfile, workspace):
+    members = noxfile.members(workspace)
+    data = members["paper-data"]
+    assert data.per_extra("apt", set()) == set()
+    assert data.per_extra("apt", {"text"}) == {"fortunes"}
+    assert data.per_extra("no-deps", {"text"}) == set()
+    assert data.per_extra("no-deps", {"model", "text"}) == {"weights-wheel==1.0"}
+    # a list applies whatever the extras
+    assert members["paper-a"].per_extra("apt", set()) == {"dataset-fashion-mnist"}
+    # a self-referencing extra pulls in the extras it names, and so their system packages
+    wanted = noxfile.closure("paper-data", {"all"}, workspace)["paper-data"]
+    assert wanted == {"all", "text", "model"}
+    assert data.per_extra("apt", wanted) == {"fortunes"}
+
+
+def test_per_extra_table_naming_an_unknown_extra_is_an_error(noxfile, workspace):
+    write(
+        workspace / "packages/paper-b/pyproject.toml",
+        """
+        [project]
+        name = "paper-b"
+        version = "0.1.0"
+        [tool.monorepo.apt]
+        typo = ["fortunes"]
+        """,
+    )
+    with pytest.raises(ValueError, match=r"paper-b: \[tool.monorepo.apt\] names unknown extras"):
+        noxfile.members(workspace)["paper-b"].per_extra("apt", set())
