@@ -1,0 +1,41 @@
+"""Command line: ``tfla-mlstm bench`` and ``tfla-mlstm reproduce`` (``python -m tfla_mlstm``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tfla-mlstm", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    bench = commands.add_parser("bench", help="chunkwise ops vs mlstm-kernels and attention")
+    bench.add_argument("--device", default="cpu", help="cpu or cuda")
+    bench.add_argument("--out", type=Path, default=None, help="folder for the JSON/Markdown tables")
+    bench.add_argument("--seq-lens", type=int, nargs="+", default=None)
+    bench.add_argument("--repeat", type=int, default=5)
+    repro = commands.add_parser("reproduce", help="the paper's claims at CPU scale")
+    repro.add_argument("--quick", action="store_true", help="the few-minute version")
+    repro.add_argument("--out", type=Path, default=Path("reports/tfla-mlstm"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    if args.command == "bench":
+        from tfla_mlstm.bench import run
+
+        run(args.device, args.out, args.seq_lens, args.repeat)
+        return 0
+    from tfla_mlstm.reproduce import reproduce
+
+    results = reproduce(args.out, quick=args.quick)
+    for claim in results.claims:
+        logging.getLogger("tfla_mlstm").info(
+            "%s: measured %.4f %s (%s)", claim.name, claim.measured, claim.unit,
+            "agrees" if claim.passed else "does not agree",
+        )  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

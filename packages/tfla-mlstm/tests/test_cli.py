@@ -1,0 +1,39 @@
+"""The command line: help, a tiny benchmark, and the README example."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tfla_mlstm.__main__ import main
+
+from kernels_common.testing import markdown_python_blocks
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_help_lists_the_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "bench" in out
+    assert "reproduce" in out
+
+
+# mlstm-kernels imports its Triton chunkwise modules with its registry; they use torch.jit
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_bench_writes_a_table_with_ratios_against_the_peer(tmp_path, capsys):
+    pytest.importorskip("mlstm_kernels")
+    assert main(["bench", "--out", str(tmp_path), "--seq-lens", "128", "--repeat", "1"]) == 0
+    table = json.loads((tmp_path / "chunkwise_cpu_S128_fwd+bwd.json").read_text())
+    assert table["baseline"].startswith("mlstm-kernels chunkwise")
+    names = [row["name"] for row in table["rows"]]
+    assert any(name.startswith("tfla-mlstm chunkwise") for name in names)
+    assert all(row["time_ratio"] > 0 for row in table["rows"])
+
+
+def test_readme_example_runs(capsys):
+    for block in markdown_python_blocks(README):
+        exec(compile(block, str(README), "exec"), {"__name__": "readme"})
+    assert "max |chunkwise - parallel|" in capsys.readouterr().out
