@@ -33,6 +33,7 @@ DEFAULT_ORDERS: tuple[float, ...] = tuple(
 # The fractional-order series stops past i = α once a term falls below exp(-30): A_α >= 1, and
 # the terms then decay geometrically times a power of i, so the rest changes log A_α by ~1e-13.
 _SERIES_CUTOFF = -30.0
+_BLOCK = 4096
 
 
 def _log_add(a: float, b: float) -> float:
@@ -44,19 +45,8 @@ def _log_add(a: float, b: float) -> float:
     return high + math.log1p(math.exp(low - high))
 
 
-def _log_sub(a: float, b: float) -> float:
-    """log(exp(a) − exp(b)) for a >= b."""
-    if b == -math.inf:
-        return a
-    if a < b:
-        raise ArithmeticError("log of a negative number in the RDP series")
-    if a == b:
-        return -math.inf
-    return a + math.log(-math.expm1(b - a))
-
-
-def _log_erfc(x: float) -> float:
-    return math.log(2.0) + float(special.log_ndtr(-x * math.sqrt(2.0)))
+def _log_erfc(x: np.ndarray) -> np.ndarray:
+    return math.log(2.0) + special.log_ndtr(-x * math.sqrt(2.0))
 
 
 def _log_a_integer(q: float, sigma: float, alpha: int) -> float:
@@ -75,15 +65,14 @@ def _log_a_integer(q: float, sigma: float, alpha: int) -> float:
 
 
 def _log_a_fractional(q: float, sigma: float, alpha: float) -> float:
-    positive, negative = -math.inf, -math.inf
     z0 = sigma**2 * math.log(1 / q - 1) + 0.5
-    i = 0
-    while True:
-        coef = float(special.binom(alpha, i))
-        if coef == 0:  # integer order: the series ends at i = α
-            return _log_sub(positive, negative)
+    total, start = None, 0
+    while True:  # blocks of terms, vectorised: for small q the series is long
+        i = np.arange(start, start + _BLOCK, dtype=np.float64)
         j = alpha - i
-        log_coef = math.log(abs(coef))
+        coef = special.binom(alpha, i)
+        with np.errstate(divide="ignore"):
+            log_coef = np.log(np.abs(coef))
         log_s0 = (
             log_coef
             + i * math.log(q)
@@ -100,14 +89,24 @@ def _log_a_fractional(q: float, sigma: float, alpha: float) -> float:
             + math.log(0.5)
             + _log_erfc((z0 - j) / (math.sqrt(2) * sigma))
         )
-        term = _log_add(log_s0, log_s1)
-        if coef > 0:
-            positive = _log_add(positive, term)
-        else:
-            negative = _log_add(negative, term)
-        if i > alpha and term < _SERIES_CUTOFF:
-            return _log_sub(positive, negative)
-        i += 1
+        terms = np.logaddexp(log_s0, log_s1)
+        signs = np.sign(coef)
+        past = (i > alpha) & ((coef == 0) | (terms < _SERIES_CUTOFF))
+        stop = int(np.argmax(past)) if past.any() else _BLOCK
+        block = special.logsumexp(terms[:stop], b=signs[:stop], return_sign=True) if stop else None
+        if block is not None:
+            total = block if total is None else _signed_log_add(total, block)
+        if stop < _BLOCK:
+            log_value, sign = total
+            if sign <= 0:
+                raise ArithmeticError("the RDP series summed to a non-positive A_α")
+            return float(log_value)
+        start += _BLOCK
+
+
+def _signed_log_add(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    value, sign = special.logsumexp([a[0], b[0]], b=[a[1], b[1]], return_sign=True)
+    return float(value), float(sign)
 
 
 def _check(q: float, sigma: float, steps: int) -> None:

@@ -1,0 +1,137 @@
+"""Side-by-side step time and peak memory of a GPT-shaped model: non-DP, flashdp (per-layer and
+flat) and Opacus (per-layer hooks and ghost clipping), on the same batch. Needs the ``bench``
+extra (opacus)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from flashdp.private import make_private
+from flashdp.tiny_gpt import GPTConfig, SequenceCrossEntropy, TinyGPT
+from kernels_common import Comparison, compare
+
+logger = logging.getLogger(__name__)
+
+NOISE_MULTIPLIER = 1.0
+MAX_GRAD_NORM = 1.0
+
+
+@dataclass(frozen=True)
+class BenchShape:
+    config: GPTConfig
+    batch_size: int
+    dtype: torch.dtype = torch.float32
+
+
+CPU_SHAPE = BenchShape(GPTConfig(vocab_size=256, seq_len=128, width=256, depth=4, heads=4), 16)
+QUICK_SHAPE = BenchShape(GPTConfig(vocab_size=256, seq_len=64, width=128, depth=2, heads=4), 8)
+GPU_SHAPE = BenchShape(
+    GPTConfig(vocab_size=50257, seq_len=1024, width=768, depth=12, heads=12), 8, torch.bfloat16
+)
+
+
+def _sgd_step(model: nn.Module, loss_fn, tokens, targets, lr: float = 1e-3) -> Callable[[], None]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+
+    def step() -> None:
+        loss_fn(model(tokens), targets).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _opacus_step(model: nn.Module, tokens, targets, mode: str) -> Callable[[], None]:
+    from opacus import PrivacyEngine
+
+    dataset = torch.utils.data.TensorDataset(tokens, targets)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=len(tokens))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    engine = PrivacyEngine(accountant="rdp")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    common = {
+        "module": model,
+        "optimizer": optimizer,
+        "data_loader": loader,
+        "noise_multiplier": NOISE_MULTIPLIER,
+        "poisson_sampling": False,
+    }
+    if mode == "ghost":
+        module, optimizer, criterion, _ = engine.make_private(
+            **common,
+            criterion=SequenceCrossEntropy(),
+            max_grad_norm=MAX_GRAD_NORM,
+            grad_sample_mode="ghost",
+        )
+    else:
+        bound = MAX_GRAD_NORM / len(trainable) ** 0.5
+        module, optimizer, _ = engine.make_private(
+            **common, max_grad_norm=[bound] * len(trainable), clipping="per_layer"
+        )
+        criterion = SequenceCrossEntropy()
+
+    def step() -> None:
+        criterion(module(tokens), targets).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def candidates(shape: BenchShape, device: str, opacus: bool = True) -> dict[str, Callable]:
+    """The step of each implementation on one shared batch (models start from the same init)."""
+    torch.manual_seed(0)
+    base = TinyGPT(shape.config).to(device=device, dtype=shape.dtype)
+    generator = torch.Generator().manual_seed(1)
+    size = (shape.batch_size, shape.config.seq_len)
+    tokens = torch.randint(0, shape.config.vocab_size, size, generator=generator).to(device)
+    targets = torch.randint(0, shape.config.vocab_size, size, generator=generator).to(device)
+    loss_fn = SequenceCrossEntropy()
+    steps = {"non-DP": _sgd_step(copy.deepcopy(base), loss_fn, tokens, targets)}
+    for clipping in ("per_layer", "flat"):
+        private = make_private(
+            copy.deepcopy(base),
+            max_grad_norm=MAX_GRAD_NORM,
+            noise_multiplier=NOISE_MULTIPLIER,
+            clipping=clipping,
+            expected_batch_size=shape.batch_size,
+        )
+        steps[f"flashdp {clipping}"] = _sgd_step(private, loss_fn, tokens, targets)
+    if opacus:
+        steps["Opacus per_layer hooks"] = _opacus_step(
+            copy.deepcopy(base), tokens, targets, "hooks"
+        )
+        steps["Opacus ghost"] = _opacus_step(copy.deepcopy(base), tokens, targets, "ghost")
+    return steps
+
+
+def run(device: str, out: str | Path | None, *, quick: bool = False, repeat: int = 5) -> Comparison:
+    """Benchmark one training step of every implementation side by side; save JSON + Markdown."""
+    shape = GPU_SHAPE if device == "cuda" else QUICK_SHAPE if quick else CPU_SHAPE
+    config = shape.config
+    title = (
+        f"DP-SGD step, GPT {config.depth}x{config.width}, {config.heads} heads, "
+        f"T={config.seq_len}, B={shape.batch_size}, {str(shape.dtype).removeprefix('torch.')}"
+    )
+    # Opacus on the GPT-2-small shape would need B x 124M per-example gradients: CPU only.
+    steps = candidates(shape, device, opacus=device != "cuda")
+    logger.info("benchmarking %s", title)
+    table = compare(
+        steps,
+        baseline="non-DP",
+        title=title,
+        device=device,
+        warmup=2,
+        repeat=repeat,
+        check_outputs=False,
+    )
+    if out is not None:
+        table.save(out, "bench_flashdp")
+    return table

@@ -1,0 +1,70 @@
+"""Package-level checks: README example, lean import, CLI, Poisson sampling."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import flashdp
+import pytest
+import torch
+
+from kernels_common.testing import markdown_python_blocks
+
+README = Path(__file__).parents[1] / "README.md"
+
+
+def test_readme_example_runs():
+    for block in markdown_python_blocks(README):
+        exec(compile(block, str(README), "exec"), {})
+
+
+def test_import_does_not_load_triton_or_cuda():
+    code = (
+        "import sys, torch, flashdp; "
+        "assert 'triton' not in sys.modules, 'triton imported'; "
+        "assert not torch.cuda.is_initialized()"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cli_help():
+    from flashdp.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["reproduce", "--help"])
+    assert exit_info.value.code == 0
+    assert flashdp.__version__ == "0.1.0"
+
+
+def test_poisson_sampling_rate():
+    """Each example is drawn with probability q, independently: over 200 batches of N = 500 at
+    q = 0.05 the inclusion count of an example is Binomial(200, 0.05) (mean 10, sd 3.1); the mean
+    over examples has sd 0.14, so ±0.6 is four standard errors."""
+    sampler = flashdp.PoissonSampler(
+        500, 0.05, steps=200, generator=torch.Generator().manual_seed(0)
+    )
+    counts = torch.zeros(500)
+    sizes = []
+    for batch in sampler:
+        counts[batch] += 1
+        sizes.append(len(batch))
+        assert len(set(batch)) == len(batch)
+    assert counts.mean().item() == pytest.approx(10.0, abs=0.6)
+    assert counts.var().item() == pytest.approx(200 * 0.05 * 0.95, rel=0.25)
+    assert sampler.expected_batch_size == 25
+    assert min(sizes) < 25 < max(sizes)
+
+
+def test_poisson_loader_empty_batches_and_bad_input():
+    x = torch.arange(3.0)[:, None]
+    loader = flashdp.PoissonLoader(
+        (x,), sample_rate=0.01, steps=5, generator=torch.Generator().manual_seed(0)
+    )
+    shapes = [batch[0].shape for batch in loader]
+    assert torch.Size([0, 1]) in shapes
+    with pytest.raises(ValueError, match="first dimension"):
+        flashdp.PoissonLoader((x, torch.zeros(4)), sample_rate=0.5)
+    with pytest.raises(ValueError, match="sample_rate"):
+        flashdp.PoissonSampler(10, 0.0)
