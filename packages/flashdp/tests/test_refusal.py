@@ -172,3 +172,29 @@ def test_non_finite_gradient_discards_the_step():
     with pytest.raises(FloatingPointError, match="non-finite"):
         private(x).sum().backward()
     assert private[0].weight.grad is None
+
+
+@pytest.mark.parametrize("change", ["unfreeze", "unfreeze-call-layers", "add", "replace"])
+def test_parameters_made_trainable_after_make_private_are_refused(change):
+    """A layer unfrozen, added or swapped in after make_private would train unclipped: refused
+    in the model's forward, or at the release when its layers are called directly."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    model[1].requires_grad_(False)
+    private = make(model, noise_multiplier=0.0)
+    if change.startswith("unfreeze"):
+        private[1].requires_grad_(True)
+    elif change == "add":
+        private.append(nn.Linear(2, 2))
+    else:
+        private[0] = nn.Linear(3, 4)
+    x = torch.randn(2, 3) * 1e6
+
+    def step():
+        out = private[1](private[0](x)) if change == "unfreeze-call-layers" else private(x)
+        out.sum().backward()
+
+    with pytest.raises(RuntimeError, match="escape clipping") as error:
+        step()
+    assert ("0.weight" in str(error.value)) == (change == "replace")
+    assert all(p.grad is None for p in private.parameters())
+    assert flashdp.get_controller(private).steps == 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -60,6 +61,42 @@ class DPController:
         self._examples = 0
         self._pass: _Pass | None = None
         self._accumulating = False
+        self._model: weakref.ref[nn.Module] | None = None
+
+    def watch(self, model: nn.Module) -> None:
+        """Check ``model`` at every forward with gradients enabled and at every release: a
+        trainable parameter this controller does not clip (a layer added, unfrozen or replaced
+        after :func:`flashdp.make_private`) is an error, and its unclipped gradient is
+        discarded."""
+        self._model = weakref.ref(model)
+
+        def check(module: nn.Module, args: object) -> None:
+            if torch.is_grad_enabled():
+                self._check_parameters()
+
+        model.register_forward_pre_hook(check)
+
+    def _check_parameters(self) -> None:
+        model = None if self._model is None else self._model()
+        if model is None:
+            return
+        known = {id(parameter) for parameter in self._parameters.values()}
+        escaping = [
+            (name, parameter)
+            for name, parameter in model.named_parameters()
+            if parameter.requires_grad and id(parameter) not in known
+        ]
+        if not escaping:
+            return
+        for _, parameter in escaping:
+            parameter.grad = None  # unclipped: never let an optimizer step use it
+        self.abort()
+        raise RuntimeError(
+            "trainable parameters that are not clipped (added, unfrozen or replaced after "
+            f"make_private): {[name for name, _ in escaping]}; their gradients would escape "
+            "clipping, so the logical batch was discarded. Freeze them, or make the final "
+            "model private"
+        )
 
     @property
     def parameter_names(self) -> tuple[str, ...]:
@@ -159,6 +196,7 @@ class DPController:
         self._examples = 0
 
     def _release(self) -> None:
+        self._check_parameters()
         denominator = self.config.expected_batch_size or self._examples
         if denominator == 0:
             self.abort()

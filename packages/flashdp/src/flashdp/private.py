@@ -214,6 +214,7 @@ def make_private(
         parent_name, _, child = module_name.rpartition(".")
         setattr(modules[parent_name], child, replacement)
     object.__setattr__(root, _CONTROLLER_ATTRIBUTE, controller)
+    controller.watch(root)
     return root
 
 
