@@ -117,3 +117,19 @@ def test_large_chunks_on_the_gpu(make_inputs, chunk_size):
     check(
         "triton", "mlstm", make_inputs(1, 2, 2048, 128, 256, device="cuda"), chunk_size=chunk_size
     )
+
+
+@pytest.mark.parametrize("variant", ["mlstm", "sig"])
+def test_forgetting_every_step_stays_exact(triton_backend, make_inputs, variant):
+    """Forget gates near 0 (logσ(f) ≈ -30 per step): inside a chunk the masked (future)
+    log-weights reach +30 per step of distance and must never be exponentiated (inf, and an
+    overflow warning under the interpreter)."""
+    device = device_of(triton_backend)
+    make = make_inputs(1, 2, 40, 8, 8, sig=variant == "sig", state=True, device=device)
+
+    def forgetting(generator: torch.Generator) -> dict:
+        inputs = make(generator)
+        inputs["f"] = (inputs["f"].detach() - 32.0).requires_grad_()
+        return inputs
+
+    check(triton_backend, variant, forgetting, return_last_state=True)

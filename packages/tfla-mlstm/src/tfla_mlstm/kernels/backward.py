@@ -68,7 +68,7 @@ def _intra_weights(b_ptr, a_ptr, m_step_ptr, g, offs_t, offs_j):
     b_t = tl.load(b_ptr + offs_t)
     m_t = tl.load(m_step_ptr + offs_t)
     log_d = b_t[:, None] - g + tl.load(a_ptr + offs_j)[None, :] - m_t[:, None]
-    return tl.where(offs_t[:, None] >= offs_j[None, :], tl.exp(log_d), 0.0)
+    return tl.exp(tl.where(offs_t[:, None] >= offs_j[None, :], log_d, float("-inf")))
 
 
 @triton.jit

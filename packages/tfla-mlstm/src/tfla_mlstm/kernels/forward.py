@@ -124,7 +124,9 @@ def _chunk_output_kernel(
             k = load_rows(k_ptr, offs_j, offs_qk, DQK)
             s += tl.dot(q, tl.trans(k), input_precision=PRECISION)
         log_d = b_t[:, None] - g + tl.load(a_ptr + offs_j)[None, :] - m_t[:, None]
-        w = tl.where(offs_t[:, None] >= offs_j[None, :], tl.exp(log_d), 0.0) * s * scale
+        # masked before exp: above the diagonal log_d is large and positive (b falls with j)
+        log_d = tl.where(offs_t[:, None] >= offs_j[None, :], log_d, float("-inf"))
+        w = tl.exp(log_d) * s * scale
         z += tl.sum(w, axis=1)
         v = load_rows(v_ptr, offs_j, offs_v, DV)
         acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
