@@ -198,3 +198,26 @@ def test_parameters_made_trainable_after_make_private_are_refused(change):
     assert ("0.weight" in str(error.value)) == (change == "replace")
     assert all(p.grad is None for p in private.parameters())
     assert flashdp.get_controller(private).steps == 0
+
+
+@pytest.mark.parametrize("layer", ["linear", "embedding", "layer_norm"])
+def test_second_backward_through_the_same_forward_is_refused(layer):
+    """retain_graph=True would count every example twice under one noise draw."""
+    model, x = {
+        "linear": (nn.Linear(3, 2), torch.randn(4, 3)),
+        "embedding": (nn.Embedding(5, 2), torch.randint(0, 5, (4, 3))),
+        "layer_norm": (nn.LayerNorm(3), torch.randn(4, 3)),
+    }[layer]
+    private = make(nn.Sequential(model), noise_multiplier=0.0, expected_batch_size=4)
+    controller = flashdp.get_controller(private)
+    loss = private(x).square().sum()
+
+    def logical_batch():
+        with controller.accumulate():
+            loss.backward(retain_graph=True)
+            loss.backward()
+
+    with pytest.raises(RuntimeError, match="twice through the same forward"):
+        logical_batch()
+    assert all(p.grad is None for p in private.parameters())
+    assert controller.steps == 0

@@ -38,7 +38,16 @@ class DPLayer(nn.Module):
         """Factor turning the output gradient of the reduced loss into Σ_b ℓ_b's."""
         return float(batch_size) if self._controller.config.loss_reduction == "mean" else 1.0
 
-    def _record(self, batch_size: int, contributions: list[Contribution]) -> None:
+    def _record(self, ctx: Any, batch_size: int, contributions: list[Contribution]) -> None:
+        # A second backward through the same forward (retain_graph=True) would add the same
+        # examples' clipped gradients again: 2·C_l per example under one noise draw.
+        if getattr(ctx, "flashdp_recorded", False):
+            raise RuntimeError(
+                f"backward ran twice through the same forward of layer {self._layer_name!r} "
+                "(retain_graph=True): every example would be counted twice under one noise "
+                "draw; run a new forward for every backward"
+            )
+        ctx.flashdp_recorded = True
         self._controller.record(self._layer_name, batch_size, contributions)
 
     def extra_repr(self) -> str:
@@ -102,7 +111,7 @@ class _MatmulFunction(torch.autograd.Function):
             grad_x = grad @ (weight.T if ctx.transposed else weight)
         layer = ctx.layer
         layer._record(
-            x.shape[0], _matmul_contributions(layer, x, grad, ctx.has_bias, ctx.transposed)
+            ctx, x.shape[0], _matmul_contributions(layer, x, grad, ctx.has_bias, ctx.transposed)
         )
         return grad_x, None, None, None, None
 
@@ -157,7 +166,7 @@ class _EmbeddingFunction(torch.autograd.Function):
             return reference.embedding_clipped_sum(flat, g3, coef, layer.num_embeddings, pad)
 
         norm2 = reference.embedding_norm2(flat, g3, pad)
-        layer._record(batch, [Contribution(layer._names["weight"], norm2, clipped_sum)])
+        layer._record(ctx, batch, [Contribution(layer._names["weight"], norm2, clipped_sum)])
         return None, None, None
 
 
@@ -211,7 +220,7 @@ class _LayerNormFunction(torch.autograd.Function):
                 contributions.append(
                     Contribution(layer._names[attribute], per_example.square().sum(1), clipped_sum)
                 )
-        layer._record(batch, contributions)
+        layer._record(ctx, batch, contributions)
         return grad_x, None, None, None
 
 
