@@ -71,3 +71,52 @@ def test_removing_one_example_is_bounded(clipping):
             assert total >= 0.99 * 2.0
             if clipping == "per_layer":
                 assert all(diffs[name] >= 0.99 * bound for name, bound in bounds.items())
+
+
+# An example whose rows nearly cancel: the per-example gradient is ~1e-3 of its rows' products,
+# which the float32 Gram form ⟨XXᵀ, GGᵀ⟩ cannot resolve. The remaining slack is the float32
+# rounding of the cancelling sum itself (relative 2⁻²⁴ of the rows, amplified ~1e3).
+CANCELLING_SLACK = 1 + 1e-3
+
+
+def cancelling_rows(generator, width):
+    base = torch.randn(width, generator=generator)
+    nearby = base + 1e-3 * torch.randn(width, generator=generator)
+    return base, nearby
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_cancelling_rows_cannot_escape_the_bound_linear(seed):
+    generator = torch.Generator().manual_seed(seed)
+    width = 64  # T·(D_in + D_out) <= D_in·D_out: the reference takes the Gram form
+    v, v_nearby = cancelling_rows(generator, width)
+    u = 1e6 * torch.randn(width, generator=generator)
+    private = flashdp.make_private(
+        nn.Linear(width, width, bias=False),
+        max_grad_norm=1.0,
+        noise_multiplier=0.0,
+        expected_batch_size=1,
+        loss_reduction="sum",
+        backend="reference",
+    )
+    out = private(torch.stack([v, v_nearby])[None])  # one example, two rows
+    (out[0, 0] @ u - out[0, 1] @ u).backward()  # output-gradient rows u and -u
+    assert private.weight.grad.norm() <= 1.0 * CANCELLING_SLACK
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_cancelling_rows_cannot_escape_the_bound_embedding(seed):
+    generator = torch.Generator().manual_seed(seed)
+    width = 32
+    u, u_nearby = cancelling_rows(generator, width)
+    private = flashdp.make_private(
+        nn.Embedding(5, width),
+        max_grad_norm=1.0,
+        noise_multiplier=0.0,
+        expected_batch_size=1,
+        loss_reduction="sum",
+        backend="reference",
+    )
+    out = private(torch.tensor([[3, 3]]))  # one example, the same token twice
+    (1e6 * (out[0, 0] @ u - out[0, 1] @ u_nearby)).backward()
+    assert private.weight.grad.norm() <= 1.0 * CANCELLING_SLACK

@@ -16,6 +16,14 @@ import torch
 # elements, so the extra memory stays bounded whatever the batch size.
 MAX_CHUNK_ELEMENTS = 1 << 22
 
+# The Gram form Σ_{t,t'} ⟨x_t, x_t'⟩⟨g_t, g_t'⟩ cancels when rows oppose each other; its float32
+# rounding error is up to ~(D + T)·2⁻²⁴ of S = (Σ_t ‖x_t‖‖g_t‖)², so a crafted example could have
+# its norm underestimated by orders of magnitude and escape its clipping bound. Examples whose
+# Gram norm² is below this fraction of S are recomputed from explicit per-example gradients
+# (error relative to their own entries, as in the clipped sum); above it the Gram form's
+# relative error stays below (D + T)·2⁻²⁴ / 1e-3, about 2% at D + T = 400 in the worst case.
+GRAM_CANCELLATION = 1e-3
+
 
 def linear_weight_norm2(x: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
     """‖G_bᵀ X_b‖²_F for every example b of a linear layer ``y = x Wᵀ``.
@@ -24,7 +32,8 @@ def linear_weight_norm2(x: torch.Tensor, grad_output: torch.Tensor) -> torch.Ten
 
     * ``T == 1``: ‖g_b‖²·‖x_b‖² (rank one).
     * Gram ("ghost") form ⟨X_b X_bᵀ, G_b G_bᵀ⟩: O(B·T²·(D_in + D_out)) time, B·T² memory; used
-      when ``T·(D_in + D_out) <= D_in·D_out``.
+      when ``T·(D_in + D_out) <= D_in·D_out``, except for examples whose rows cancel (see
+      :data:`GRAM_CANCELLATION`), which take the blockwise form.
     * Blockwise: G_bᵀX_b for a chunk of examples at a time (at most
       :data:`MAX_CHUNK_ELEMENTS` elements), squared and summed, then discarded.
 
@@ -35,20 +44,29 @@ def linear_weight_norm2(x: torch.Tensor, grad_output: torch.Tensor) -> torch.Ten
     Returns:
         ``(B,)`` float32.
     """
-    batch, tokens, d_in = x.shape
+    _, tokens, d_in = x.shape
     d_out = grad_output.shape[-1]
     if tokens == 1:
         return x.square().sum((1, 2)) * grad_output.square().sum((1, 2))
     if tokens * (d_in + d_out) <= d_in * d_out:
         gram_x = torch.bmm(x, x.transpose(1, 2))
         gram_g = torch.bmm(grad_output, grad_output.transpose(1, 2))
-        return (gram_x * gram_g).sum((1, 2))
-    chunk = max(1, MAX_CHUNK_ELEMENTS // (d_in * d_out))
+        norm2 = (gram_x * gram_g).sum((1, 2))
+        scale = (x.norm(dim=-1) * grad_output.norm(dim=-1)).sum(1).square()
+        cancelled = norm2 < GRAM_CANCELLATION * scale
+        if bool(cancelled.any()):
+            norm2[cancelled] = _blockwise_norm2(x[cancelled], grad_output[cancelled])
+        return norm2
+    return _blockwise_norm2(x, grad_output)
+
+
+def _blockwise_norm2(x: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    chunk = max(1, MAX_CHUNK_ELEMENTS // (x.shape[-1] * grad_output.shape[-1]))
     norms = [
         torch.bmm(g.transpose(1, 2), xs).square().sum((1, 2))
         for g, xs in zip(grad_output.split(chunk), x.split(chunk), strict=True)
     ]
-    return torch.cat(norms) if norms else x.new_zeros(batch)
+    return torch.cat(norms) if norms else x.new_zeros(x.shape[0])
 
 
 def linear_weight_clipped_sum(
@@ -84,7 +102,15 @@ def embedding_norm2(
     grad_output = _mask_padding(indices, grad_output, padding_idx)
     same = indices[:, :, None] == indices[:, None, :]
     gram = torch.bmm(grad_output, grad_output.transpose(1, 2))
-    return (gram * same).sum((1, 2))
+    norm2 = (gram * same).sum((1, 2))
+    row_norms = grad_output.norm(dim=-1)
+    scale = (row_norms[:, :, None] * row_norms[:, None, :] * same).sum((1, 2))
+    for b in (norm2 < GRAM_CANCELLATION * scale).nonzero().flatten().tolist():
+        # rows of one token cancel (see GRAM_CANCELLATION): sum them explicitly, per token
+        tokens, inverse = indices[b].unique(return_inverse=True)
+        rows = grad_output.new_zeros(len(tokens), grad_output.shape[-1])
+        norm2[b] = rows.index_add_(0, inverse, grad_output[b]).square().sum()
+    return norm2
 
 
 def embedding_clipped_sum(
