@@ -117,3 +117,55 @@ def test_release_adds_to_existing_grad_and_counts_steps():
     for p, g in zip(private.parameters(), first, strict=True):
         torch.testing.assert_close(p.grad, 2 * g)
     assert flashdp.get_controller(private).steps == 2
+
+
+class _FailOnce(torch.autograd.Function):
+    """Identity whose backward raises the first time (a backward that fails midway)."""
+
+    failed = False
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if not _FailOnce.failed:
+            _FailOnce.failed = True
+            raise RuntimeError("backward failed midway")
+        return grad
+
+
+@pytest.mark.parametrize("accumulate", [False, True], ids=["plain", "in-accumulate"])
+def test_failed_backward_leaves_nothing_behind(accumulate):
+    """The layers a failed backward reached before raising must not leak into a later release."""
+    _FailOnce.failed = False
+    model = linear_model()
+    private = flashdp.make_private(
+        copy.deepcopy(model),
+        max_grad_norm=1.0,
+        noise_multiplier=0.0,
+        expected_batch_size=4,
+        loss_reduction="sum",
+        backend="reference",
+    )
+    controller = flashdp.get_controller(private)
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(3))
+
+    def failing_then_retried():
+        with pytest.raises(RuntimeError, match="failed midway"):
+            private[2](_FailOnce.apply(private[1](private[0](x)))).square().sum().backward()
+        private[0](x).square().sum().backward()  # only the first layer: a disjoint pass
+
+    if accumulate:
+        with pytest.raises(RuntimeError, match="discarded"), controller.accumulate():
+            failing_then_retried()
+        assert all(p.grad is None for p in private.parameters())
+        assert controller.steps == 0
+        return
+    failing_then_retried()
+    assert controller.steps == 1
+    # the second pass did not reach the last layer: with noise 0 its gradient is exactly zero
+    assert torch.count_nonzero(private[2].weight.grad) == 0
+    assert torch.count_nonzero(private[2].bias.grad) == 0
+    assert torch.count_nonzero(private[0].weight.grad) > 0

@@ -33,6 +33,7 @@ class _Pass:
 
     batch_size: int
     first_layer: str
+    graph_task: int
     layers: set[str] = field(default_factory=set)
     pending: list[Contribution] = field(default_factory=list)
 
@@ -107,8 +108,18 @@ class DPController:
 
     def record(self, layer: str, batch_size: int, contributions: list[Contribution]) -> None:
         """Take one layer's per-example contributions (called once per layer per backward)."""
+        graph_task = torch._C._current_graph_task_id()
+        if self._pass is not None and self._pass.graph_task != graph_task:
+            # The backward pass that opened it raised before its end: its partial sums are not
+            # one clean pass over its examples (a retried micro-batch would count twice).
+            self.abort()
+            if self._accumulating:
+                raise RuntimeError(
+                    "an earlier backward pass in this accumulate() block failed; the logical "
+                    "batch was discarded: leave the block and start the batch again"
+                )
         if self._pass is None:
-            self._pass = _Pass(batch_size, layer)
+            self._pass = _Pass(batch_size, layer, graph_task)
             torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
         current = self._pass
         if batch_size != current.batch_size:
