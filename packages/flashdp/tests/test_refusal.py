@@ -135,6 +135,7 @@ def test_embedding_options_that_break_clipping(option, value):
         ({"loss_reduction": "none"}, ValueError, "loss_reduction"),
         ({"expected_batch_size": 0}, ValueError, "expected_batch_size"),
         ({"sample_rate": 2.0}, ValueError, "sample_rate"),
+        ({"sample_rate": 0.1}, ValueError, "expected_batch_size"),
         ({"layer_norms": {"weight": 1.0}}, ValueError, "missing"),
         ({"layer_norms": {"weight": 1.0, "bias": 1.0}}, ValueError, "too small"),
         (

@@ -39,7 +39,8 @@ class PrivacyConfig:
             sampling needs the expected size, since the actual size depends on the data).
         loss_reduction: ``"mean"``: backward is called on (1/B_micro)·Σ_b ℓ_b; ``"sum"``: on
             Σ_b ℓ_b. Per-example gradients are recovered from it before clipping.
-        sample_rate: Poisson sampling rate q, for ε reporting; ``None`` disables the accountant.
+        sample_rate: Poisson sampling rate q, for ε reporting (requires
+            ``expected_batch_size``); ``None`` disables the accountant.
         backend: kernel backend for the fused per-layer clipping (see
             :func:`kernels_common.resolve_backend`); ``None`` chooses automatically.
     """
@@ -75,6 +76,13 @@ class PrivacyConfig:
             _positive_finite("sample_rate", self.sample_rate)
             if self.sample_rate > 1:
                 raise ValueError(f"sample_rate must be in (0, 1], got {self.sample_rate}")
+            if self.expected_batch_size is None:
+                # Dividing by the actual Poisson batch size makes the release depend on the
+                # batch size, which the accountant's Gaussian mechanism does not cover.
+                raise ValueError(
+                    "sample_rate (Poisson sampling) needs expected_batch_size: the gradient "
+                    "must be divided by the expected batch size q·N, not the actual one"
+                )
         for name, bound in self.layer_norms:
             _positive_finite(f"layer_norms[{name!r}]", bound)
         total = math.sqrt(sum(bound**2 for _, bound in self.layer_norms))

@@ -127,7 +127,8 @@ def make_private(
             holding trainable parameters); every trainable parameter outside them is refused.
         loss_reduction: ``"mean"`` if backward is called on the mean over the micro-batch of the
             per-example losses, ``"sum"`` for their sum.
-        sample_rate: Poisson sampling rate q; enables ε tracking (``get_controller(model)``).
+        sample_rate: Poisson sampling rate q; enables ε tracking (``get_controller(model)``);
+            requires ``expected_batch_size``.
         generator: random generator for the noise (on the parameters' device).
         backend: backend of the fused linear clipping (``"reference"``, ``"triton"``...).
 
