@@ -222,3 +222,17 @@ def test_second_backward_through_the_same_forward_is_refused(layer):
         logical_batch()
     assert all(p.grad is None for p in private.parameters())
     assert controller.steps == 0
+
+
+def test_reparametrized_layer_is_refused():
+    """spectral_norm trains weight_orig through a forward pre-hook the DP layer would not run."""
+    model = nn.Sequential(nn.utils.spectral_norm(nn.Linear(3, 2)))
+    with pytest.raises(ValueError, match="weight_orig"):
+        make(model)
+
+
+def test_layer_with_hooks_is_refused():
+    model = nn.Sequential(nn.Linear(3, 2))
+    model[0].register_forward_hook(lambda module, args, out: out * 2)
+    with pytest.raises(ValueError, match="'0' has hooks"):
+        make(model)

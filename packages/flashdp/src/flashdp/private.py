@@ -43,6 +43,25 @@ def _dp_class(module: nn.Module) -> type[DPLayer] | None:
     return None
 
 
+def _check_replaceable(name: str, module: nn.Module, own: dict[str, str]) -> None:
+    """The DP layer reproduces the module's plain forward from ``weight`` and ``bias`` only."""
+    extra = sorted(set(own) - {"weight", "bias"})
+    if extra or not isinstance(module.weight, nn.Parameter):
+        raise ValueError(
+            f"module {name!r} holds trainable parameters {extra or sorted(own)} that its plain "
+            "forward does not use as weight/bias (a reparametrization such as spectral_norm "
+            "or weight_norm): not supported by flashdp; remove it or freeze the module"
+        )
+    kinds = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+    hooks = [kind for kind in kinds if getattr(module, kind, None)]
+    if hooks:
+        raise ValueError(
+            f"module {name!r} has hooks ({', '.join(h.strip('_') for h in hooks)}) that its DP "
+            "replacement would silently drop; remove them before make_private or freeze the "
+            "module"
+        )
+
+
 def _trainable_shared(model: nn.Module) -> dict[int, list[str]]:
     owners: dict[int, list[str]] = {}
     for name, parameter in model.named_parameters(remove_duplicate=False):
@@ -177,6 +196,7 @@ def make_private(
             continue
         dp_class = _dp_class(module)
         if dp_class is not None:
+            _check_replaceable(module_name, module, own)
             layers[module_name] = (module, dp_class, own)
             covered.update(own.values())
     escaping = [
