@@ -108,6 +108,8 @@ class _MatmulFunction(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
+            # under autocast the forward ran in a lower precision than the saved weight
+            weight = weight.to(grad.dtype)
             grad_x = grad @ (weight.T if ctx.transposed else weight)
         layer = ctx.layer
         layer._record(
