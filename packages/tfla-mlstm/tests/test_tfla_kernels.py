@@ -133,3 +133,23 @@ def test_forgetting_every_step_stays_exact(triton_backend, make_inputs, variant)
         return inputs
 
     check(triton_backend, variant, forgetting, return_last_state=True)
+
+
+def test_low_precision_backward_uses_the_unrounded_output(triton_backend):
+    """float16, two keys of equal weight: ``h_1 = (v_0 + v_1) / 2`` is their mean, so
+    ``∂L/∂q_1 = 0`` exactly. The kernel forms it as ``Σ_j (dh·v_j / den - dh·h / den) k_j``, where
+    every term is exact in float32 (den = 2, weights 1, eps 0): only an ``h`` rounded to float16
+    (relative error 2^-11) leaves a residue, about 1e-4 here."""
+    device = device_of(triton_backend)
+    generator = torch.Generator().manual_seed(0)
+    DQK = DV = 16
+    q, k = torch.zeros(1, 1, 2, DQK), torch.zeros(1, 1, 2, DQK)
+    q[..., 1, 0], k[..., 0] = 4.0, 1.0  # q̂_1·k_j = 1 for both keys
+    v = torch.randn(1, 1, 2, DV, generator=generator) * torch.tensor([1.0, 1e-2])[:, None]
+    i, f = torch.zeros(1, 1, 2), torch.full((1, 1, 2), 30.0)  # logσ(30) = -9e-14: no forgetting
+    dh = torch.randn(1, 1, 2, DV, generator=generator).half()
+    leaves = [x.half().to(device).requires_grad_() for x in (q, k, v, i, f)]
+    h = mlstm_chunkwise(*leaves, chunk_size=16, eps=0.0, backend=triton_backend)
+    h.backward(dh.to(device))
+    expected = torch.zeros(DQK, dtype=torch.float64)
+    torch.testing.assert_close(leaves[0].grad[0, 0, 1].double().cpu(), expected, atol=1e-6, rtol=0)

@@ -71,7 +71,7 @@ class TFLAFunction(torch.autograd.Function):
         last = (C[:, -1].reshape(B, NH, DQK, DV), n[:, -1].reshape(B, NH, DQK))
         ctx.save_for_backward(qf, kf, vf, i, f, C0, n0, m0, h, den, z, *last)
         ctx.options = (variant, eps, chunk_size, tiles)
-        h = h.view(B, NH, length, DV)[:, :, :S].contiguous()
+        h = h.view(B, NH, length, DV)[:, :, :S].to(q.dtype, memory_format=torch.contiguous_format)
         return h, *last, m_chunk[:, -1].reshape(B, NH, 1)
 
     @staticmethod

@@ -188,13 +188,14 @@ def chunk_output(
     normalize: bool,
     tiles: Tiles,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``h (BH, S_PAD, DV)`` in v's dtype and, float32 ``(BH, S_PAD)``, the denominator and the
-    normalizer ``z`` (kept for the backward pass)."""
+    """``h (BH, S_PAD, DV)``, the denominator and the normalizer ``z (BH, S_PAD)``, all float32
+    (kept for the backward pass: its normalizer gradient ``-dh·h / den`` cancels against
+    ``dh·v / den``, so ``h`` rounded to bf16/fp16 would leak that rounding into every gradient)."""
     BH, S_PAD, DQK = q.shape
     DV = v.shape[-1]
     NC = S_PAD // chunk_size
     C, n, m_chunk = states
-    h = torch.empty(BH, S_PAD, DV, device=q.device, dtype=v.dtype)
+    h = torch.empty(BH, S_PAD, DV, device=q.device, dtype=torch.float32)
     den = torch.empty(BH, S_PAD, device=q.device, dtype=torch.float32)
     z = torch.empty_like(den)
     grid = (NC * (chunk_size // tiles.seq), cdiv(DV, tiles.v), BH)
