@@ -54,6 +54,25 @@ def test_generation_state_does_not_grow_with_the_sequence():
     assert sampled.shape == (1, 6)
 
 
+def test_generation_runs_the_prompt_once_then_one_step_per_token(monkeypatch):
+    lm = model("mlstm")
+    seen = []
+    forward, step = lm.forward, lm.step
+
+    def counting_forward(tokens, **kwargs):
+        seen.append(("forward", tokens.shape[1]))
+        return forward(tokens, **kwargs)
+
+    def counting_step(token, states):
+        seen.append(("step", token.numel()))
+        return step(token, states)
+
+    monkeypatch.setattr(lm, "forward", counting_forward)
+    monkeypatch.setattr(lm, "step", counting_step)
+    lm.generate(torch.zeros(1, 7, dtype=torch.long), max_new_tokens=5, temperature=0)
+    assert seen == [("forward", 7)] + [("step", 1)] * 4
+
+
 def test_training_step_reaches_every_parameter():
     lm = model("mlstm").train()
     tokens = torch.randint(0, 40, (2, 24), generator=torch.Generator().manual_seed(3))

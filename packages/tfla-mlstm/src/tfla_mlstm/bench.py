@@ -4,7 +4,8 @@ CPU (the issue's setting): fwd+bwd of our chunkwise op (PyTorch path) vs ``mlstm
 ``chunkwise--native_autograd`` (the baseline of the ratios) and ``parallel--native_autograd``, and
 torch's causal SDPA, at B=1, NH=4, DQK=64, DV=128, float32. GPU: the paper's setting scaled to one
 card, bf16, B*S = 65,536 tokens, NH=16, DQK=128, DV=256, our TFLA kernels vs the anchor's
-``chunkwise--triton_xl_chunk`` (baseline) and SDPA (flash), forward and fwd+bwd.
+``chunkwise--triton_xl_chunk`` (baseline) and SDPA (its flash kernel needs DQK = DV, so with
+DQK = 128 != DV = 256 PyTorch picks the memory-efficient or math kernel), forward and fwd+bwd.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def candidates_gpu() -> dict[str, Callable]:
     found = {
         "tfla-mlstm TFLA (L=128)": functools.partial(mlstm_chunkwise, chunk_size=128),
         "tfla-mlstm TFLA mLSTMsig (L=128)": functools.partial(mlstmsig_chunkwise, chunk_size=128),
-        "torch SDPA causal (flash)": sdpa,
+        "torch SDPA causal": sdpa,
     }
     if peer_available():
         from mlstm_kernels.torch import get_mlstm_kernel
