@@ -58,6 +58,17 @@ def test_user_copy_in_idx_format_compressed_or_not(tmp_path):
     np.testing.assert_array_equal(data.labels, labels)
 
 
+def test_idx_arrays_are_writable_and_convert_to_torch_silently(tmp_path):
+    import torch
+
+    write_idx(tmp_path / "t10k-images-idx3-ubyte", np.arange(2 * 28 * 28).reshape(2, 28, 28))
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", np.array([3, 7]))
+    data = fashion_mnist("test", path=tmp_path)
+    assert data.images.flags.writeable
+    torch.from_numpy(data.images)  # warns (an error here) on a read-only array
+    data.images[0, 0, 0] = 9
+
+
 def test_truncated_or_foreign_idx_is_refused(tmp_path):
     path = tmp_path / "x-idx3-ubyte"
     write_idx(path, np.zeros((3, 4, 4)))

@@ -38,7 +38,7 @@ class ImageDataset(NamedTuple):
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """An IDX file (the MNIST format), gzip-compressed or not, as a uint8 array."""
+    """An IDX file (the MNIST format), gzip-compressed or not, as a writable uint8 array."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as handle:
         data = handle.read()
@@ -53,7 +53,9 @@ def read_idx(path: Path) -> np.ndarray:
             f"{path} holds {len(data)} bytes but its header {shape} needs {expected}: "
             "the file is truncated or corrupt"
         )
-    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape)
+    # a bytearray, not the bytes read: an array over immutable bytes is read-only, which
+    # `torch.from_numpy` warns about and in-place preprocessing cannot use
+    return np.frombuffer(bytearray(data), dtype=np.uint8, offset=header).reshape(shape)
 
 
 def _find_idx(folder: Path, stem: str) -> Path:
