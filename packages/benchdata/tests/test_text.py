@@ -16,6 +16,8 @@ def test_fortunes_corpus_is_the_real_debian_corpus(corpus):
     assert 14_000 <= total <= 16_000
     assert len(corpus.validation) == round(0.1 * total)
     assert any("off-coloratura soprano" in text for text in corpus.train + corpus.validation)
+    size = sum(len(text.encode()) for text in corpus.train + corpus.validation)
+    assert 2_400_000 <= size <= 2_700_000  # the docstring's 2.5 MB (2,519,861 bytes measured)
 
 
 def test_splits_are_disjoint_deterministic_and_seeded(corpus):
@@ -49,6 +51,10 @@ def test_user_folder_in_fortune_format(tmp_path):
     corpus = fortunes_corpus(tmp_path, validation_fraction=0.25)
     assert sorted(corpus.train + corpus.validation) == ["a", "b", "c", "d"]
     assert len(corpus.validation) == 1
+    # neither split may come out empty: 2 texts at 90% still leave one to train on
+    (tmp_path / "mine").write_text("a\n%\nb\n")
+    tiny = fortunes_corpus(tmp_path, validation_fraction=0.9)
+    assert (len(tiny.train), len(tiny.validation)) == (1, 1)
 
 
 def test_missing_corpus_names_the_install_command(empty_dir):
