@@ -3,7 +3,7 @@ import pytest
 import benchdata
 from benchdata import CACHE_ENV, DataNotFoundError, cache_dir
 from benchdata.__main__ import main
-from benchdata._files import file_digest, verify_manifest, write_manifest
+from benchdata._files import MANIFEST, file_digest, verify_manifest, write_manifest
 
 
 def test_cache_dir_respects_the_environment(tmp_path, monkeypatch):
@@ -32,6 +32,21 @@ def test_manifest_detects_changed_missing_and_incomplete_files(tmp_path):
     assert verify_manifest(tmp_path) is None
     (tmp_path / "a.bin").unlink()
     assert verify_manifest(tmp_path) is None
+
+
+def test_manifest_rejects_unlisted_files_and_an_unreadable_manifest(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    write_manifest(tmp_path, {})
+    assert verify_manifest(tmp_path) is not None
+    # a loader would pick up a weights file the manifest never saw
+    (tmp_path / "pytorch_model.bin").write_bytes(b"other weights")
+    assert verify_manifest(tmp_path) is None
+    (tmp_path / "pytorch_model.bin").unlink()
+    assert verify_manifest(tmp_path) is not None
+    manifest = tmp_path / MANIFEST
+    for broken in ('{"files": {"model.saf', "[]", '{"source": "x"}'):
+        manifest.write_text(broken)
+        assert verify_manifest(tmp_path) is None, broken
 
 
 def test_not_found_error_is_a_file_not_found_error_with_the_command():

@@ -94,24 +94,34 @@ def file_digest(path: Path, algorithm: str = "sha256") -> str:
 MANIFEST = "benchdata-manifest.json"
 
 
+def _folder_files(folder: Path) -> list[Path]:
+    return [p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST]
+
+
 def write_manifest(folder: Path, metadata: dict) -> None:
     """Record the sha256 of every file in `folder` (written last: its presence marks completion)."""
-    files = {
-        p.relative_to(folder).as_posix(): file_digest(p)
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
-    }
+    files = {p.relative_to(folder).as_posix(): file_digest(p) for p in _folder_files(folder)}
     (folder / MANIFEST).write_text(json.dumps({"files": files, **metadata}, indent=2) + "\n")
 
 
 def verify_manifest(folder: Path) -> dict | None:
-    """The manifest if every recorded file is present with its recorded sha256, else None."""
+    """The manifest if `folder` holds exactly the recorded files with their sha256, else None.
+
+    A file the manifest does not list (one a loader might pick up, such as a second weights
+    file) or a manifest that does not parse makes the folder untrusted as well.
+    """
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
         return None
-    manifest = json.loads(manifest_path.read_text())
-    for name, expected in manifest["files"].items():
-        path = folder / name
-        if not path.is_file() or file_digest(path) != expected:
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        recorded = dict(manifest["files"])
+    except (ValueError, TypeError, KeyError):
+        return None
+    present = {p.relative_to(folder).as_posix(): p for p in _folder_files(folder)}
+    if set(present) != set(recorded):
+        return None
+    for name, path in present.items():
+        if file_digest(path) != recorded[name]:
             return None
     return manifest
