@@ -78,6 +78,18 @@ def test_knn_graph_equals_scikit_learn(metric):
     assert set(map(tuple, edge_index.T.tolist())) == expected
 
 
+def test_knn_graph_breaks_ties_towards_the_lower_index():
+    """Oracle: exact integer distances and a stable sort, on features full of ties."""
+    ints = np.random.default_rng(0).integers(0, 3, (120, 4))
+    edge_index = knn_graph(torch.from_numpy(ints).float(), 4, block_size=50)
+    squared = ((ints[:, None, :] - ints[None, :, :]) ** 2).sum(-1).astype(float)
+    np.fill_diagonal(squared, np.inf)
+    chosen = np.argsort(squared, axis=1, kind="stable")[:, :4]
+    expected = {(i, int(j)) for i in range(120) for j in chosen[i]}
+    expected |= {(j, i) for i, j in expected}
+    assert set(map(tuple, edge_index.T.tolist())) == expected
+
+
 def test_knn_graph_over_real_digits_is_homophilous():
     graph = image_knn_graph("digits", k=10)
     assert graph.num_nodes == 1797

@@ -154,8 +154,10 @@ def knn_graph(
     """The symmetrized k-nearest-neighbour graph of `features` `(N, F)` as `edge_index (2, E)`.
 
     Each node links to its k nearest other nodes; an edge is kept if either end chose it. Ties
-    between equal distances go to the lower index. Computed in row blocks: memory
-    O(block_size·N).
+    between equal computed distances go to the lower index. Distances are computed in float64:
+    exactly for integer-valued features such as pixels, so mathematically equal distances tie;
+    for other features two equal distances can differ in their last bit and then the nearer one
+    by that rounding wins. Computed in row blocks: memory O(block_size·N).
     """
     if features.ndim != 2:
         raise ValueError(f"features must be (N, F), got shape {tuple(features.shape)}")
