@@ -69,6 +69,20 @@ def test_cache_made_from_another_gguf_is_converted_again(fake_conversion):
     assert len(calls) == 2
 
 
+def test_staging_folders_of_a_dead_conversion_are_removed(fake_conversion, tmp_path):
+    gguf, calls = fake_conversion
+    root = tmp_path / "cache" / "smollm2-135m-instruct"
+    stale = root / f"{file_digest(gguf)[:16]}.partial-999999"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"half a file")
+    other = root / "0123456789abcdef.partial-1"  # another GGUF's: not ours to touch
+    other.mkdir()
+    smollm2_135m(gguf)
+    assert len(calls) == 1
+    assert not stale.exists()
+    assert other.exists()
+
+
 def test_hub_is_offline_even_when_huggingface_hub_was_imported_online(monkeypatch):
     from huggingface_hub import constants, is_offline_mode
 

@@ -126,7 +126,8 @@ def converted_folder(gguf: Path) -> Path:
     """The verified safetensors folder of `gguf` in the cache, converted first if need be.
 
     The folder is trusted only if its manifest checks out and names this GGUF's sha256. The check
-    and the conversion run under a lock file, so concurrent processes convert once.
+    and the conversion run under a lock file, so concurrent processes convert once; staging
+    folders found while holding it were left by a conversion that died, and are removed.
     """
     digest = file_digest(gguf)
     root = cache_dir("smollm2-135m-instruct")
@@ -134,6 +135,8 @@ def converted_folder(gguf: Path) -> Path:
     with _exclusive(root / f"{folder.name}.lock"):
         manifest = verify_manifest(folder)
         if manifest is None or manifest.get("source_sha256") != digest:
+            for stale in root.glob(f"{folder.name}.partial-*"):
+                shutil.rmtree(stale, ignore_errors=True)
             convert_gguf(gguf, folder)
     return folder
 
