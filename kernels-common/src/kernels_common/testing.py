@@ -25,8 +25,12 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -389,3 +393,33 @@ def markdown_python_blocks(path: str | Path) -> list[str]:
     if not blocks:
         raise ValueError(f"{path} has no ```python code block")
     return blocks
+
+
+def import_footprint(code: str, watch: Iterable[str] = ("triton",)) -> dict[str, bool]:
+    """Run ``code`` (imports, a call or two) in a fresh interpreter and report what it loaded.
+
+    For tests that a package stays cheap to import: returns ``{module: imported}`` for every name
+    in ``watch``, plus ``"cuda"``: whether CUDA got initialised. ``TRITON_INTERPRET`` is removed
+    from the child's environment, so the result is what a user's import does, not the test
+    session's.
+
+    Example:
+        >>> import_footprint("import colorsys", watch=["colorsys", "triton"])
+        {'colorsys': True, 'triton': False, 'cuda': False}
+    """
+    modules = list(watch)
+    probe = (
+        f"{code}\nimport sys\n"  # sys is always loaded; json only after the check
+        f"found = {{name: name in sys.modules for name in {modules!r}}}\n"
+        "torch = sys.modules.get('torch')\n"
+        "found['cuda'] = bool(torch is not None and torch.cuda.is_initialized())\n"
+        "import json\n"
+        "print(json.dumps(found))"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"the import probe failed:\n{result.stderr}")
+    return json.loads(result.stdout.splitlines()[-1])

@@ -4,6 +4,7 @@ import benchdata
 from benchdata import CACHE_ENV, DataNotFoundError, cache_dir
 from benchdata.__main__ import main
 from benchdata._files import MANIFEST, file_digest, verify_manifest, write_manifest
+from kernels_common.testing import import_footprint
 
 
 def test_cache_dir_respects_the_environment(tmp_path, monkeypatch):
@@ -57,16 +58,9 @@ def test_not_found_error_is_a_file_not_found_error_with_the_command():
 
 
 def test_importing_benchdata_loads_no_heavy_optional_library():
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, benchdata; "
-        "print([m for m in ('transformers', 'skimage', 'sklearn', 'tiktoken', "
-        "'sentence_transformers', 'mlxtend') if m in sys.modules])"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    heavy = ("transformers", "skimage", "sklearn", "tiktoken", "sentence_transformers", "mlxtend")
+    footprint = import_footprint("import benchdata", watch=heavy)
+    assert [m for m in heavy if footprint[m]] == []
 
 
 def test_cli_info_lists_every_source(capsys):

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import flashdp
 import pytest
 import torch
 
-from kernels_common.testing import markdown_python_blocks
+from kernels_common.testing import import_footprint, markdown_python_blocks
 
 README = Path(__file__).parents[1] / "README.md"
 
@@ -21,12 +19,9 @@ def test_readme_example_runs():
 
 
 def test_import_does_not_load_triton_or_cuda():
-    code = (
-        "import sys, torch, flashdp; "
-        "assert 'triton' not in sys.modules, 'triton imported'; "
-        "assert not torch.cuda.is_initialized()"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    footprint = import_footprint("import torch, flashdp", watch=["triton"])
+    assert not footprint["triton"], "triton imported"
+    assert not footprint["cuda"]
 
 
 def test_cli_help():

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from kernels_common.testing import import_footprint
 
 
 def test_import_is_lean():
-    probe = (
-        "import sys, torch, tfla_mlstm\n"
-        "print('triton' in sys.modules, 'mlstm_kernels' in sys.modules, "
-        "torch.cuda.is_initialized())"
-    )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False", "False"]
+    footprint = import_footprint("import torch, tfla_mlstm", watch=["triton", "mlstm_kernels"])
+    assert footprint == {"triton": False, "mlstm_kernels": False, "cuda": False}
