@@ -395,6 +395,19 @@ def markdown_python_blocks(path: str | Path) -> list[str]:
     return blocks
 
 
+def run_markdown_python(path: str | Path) -> dict[str, Any]:
+    """Run a Markdown file's ```` ```python ```` blocks in order, in one namespace (as a reader
+    would), and return that namespace; tracebacks point into the file.
+
+    Raises:
+        ValueError: the file has no Python block.
+    """
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    for block in markdown_python_blocks(path):
+        exec(compile(block, str(path), "exec"), namespace)
+    return namespace
+
+
 def import_footprint(code: str, watch: Iterable[str] = ("triton",)) -> dict[str, bool]:
     """Run ``code`` (imports, a call or two) in a fresh interpreter and report what it loaded.
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import benchdata
-from kernels_common.testing import markdown_python_blocks
+from kernels_common.testing import run_markdown_python
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def test_readme_example_runs():
-    for block in markdown_python_blocks(README):
-        exec(compile(block, str(README), "exec"), {"__name__": "readme"})
+    run_markdown_python(README)
 
 
 def test_readme_install_table_covers_every_loader_and_command():

@@ -8,14 +8,13 @@ import flashdp
 import pytest
 import torch
 
-from kernels_common.testing import import_footprint, markdown_python_blocks
+from kernels_common.testing import import_footprint, run_markdown_python
 
 README = Path(__file__).parents[1] / "README.md"
 
 
 def test_readme_example_runs():
-    for block in markdown_python_blocks(README):
-        exec(compile(block, str(README), "exec"), {})
+    run_markdown_python(README)
 
 
 def test_import_does_not_load_triton_or_cuda():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tfla_mlstm.__main__ import main
 
-from kernels_common.testing import markdown_python_blocks
+from kernels_common.testing import run_markdown_python
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -34,6 +34,5 @@ def test_bench_writes_a_table_with_ratios_against_the_peer(tmp_path, capsys):
 
 
 def test_readme_example_runs(capsys):
-    for block in markdown_python_blocks(README):
-        exec(compile(block, str(README), "exec"), {"__name__": "readme"})
+    run_markdown_python(README)
     assert "max |chunkwise - parallel|" in capsys.readouterr().out
