@@ -1,0 +1,52 @@
+"""Gumbel logic gate networks ("Mind the Gap", Yousefi et al., NeurIPS 2025).
+
+Differentiable logic gate networks trained with the softmax relaxation (difflogic) or with
+Gumbel noise and a straight-through estimator, a fused logic-layer kernel, and exact bit-parallel
+compiled inference.
+"""
+
+from dlgn_gumbel.compiled import CompiledLogicNet, compile_logic_net
+from dlgn_gumbel.gates import GATE_COEFFS, GATE_NAMES, gate_coefficients, relaxed_gate
+from dlgn_gumbel.layers import (
+    GroupSum,
+    LogicLayer,
+    LogicNet,
+    LogicNetConfig,
+    ThermometerEncoder,
+    make_connections,
+)
+from dlgn_gumbel.metrics import (
+    DiscretizationGap,
+    GateUsage,
+    accuracy,
+    discretization_gap,
+    gate_usage,
+)
+from dlgn_gumbel.ops import logic_layer
+from dlgn_gumbel.reference import logic_layer_affine, logic_layer_reference16
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GATE_COEFFS",
+    "GATE_NAMES",
+    "CompiledLogicNet",
+    "DiscretizationGap",
+    "GateUsage",
+    "GroupSum",
+    "LogicLayer",
+    "LogicNet",
+    "LogicNetConfig",
+    "ThermometerEncoder",
+    "__version__",
+    "accuracy",
+    "compile_logic_net",
+    "discretization_gap",
+    "gate_coefficients",
+    "gate_usage",
+    "logic_layer",
+    "logic_layer_affine",
+    "logic_layer_reference16",
+    "make_connections",
+    "relaxed_gate",
+]

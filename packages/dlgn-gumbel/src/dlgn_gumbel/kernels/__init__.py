@@ -1,0 +1,1 @@
+"""Triton kernels of the fused logic layer (imported only when a Triton backend runs)."""

@@ -1,0 +1,411 @@
+"""Logic layers, GroupSum, thermometer encoding and the full logic gate network.
+
+A :class:`LogicLayer` neuron reads two fixed inputs ``(a, b)`` and holds 16 logits, one per
+two-input Boolean function (order in :mod:`dlgn_gumbel.gates`). In training mode its output is the
+gate mixture weighted by
+
+* ``relaxation="softmax"``: ``softmax(w)`` (difflogic, Petersen et al. 2022);
+* ``relaxation="gumbel"``: the hard one-hot ``one_hot(argmax(w + g))`` in the forward pass, with
+  the gradient of ``softmax((w + g) / gumbel_tau)`` (straight-through), where ``g ~ Gumbel(0, 1)``
+  is drawn once per neuron per forward pass and shared across the batch (Yousefi et al. 2025).
+
+In eval mode every neuron is its argmax gate, so Boolean inputs give exactly Boolean outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from dlgn_gumbel.gates import gate_coefficients
+from dlgn_gumbel.ops import logic_layer
+from kernels_common.backend import Backend
+
+__all__ = [
+    "GroupSum",
+    "LogicLayer",
+    "LogicNet",
+    "LogicNetConfig",
+    "ThermometerEncoder",
+    "make_connections",
+]
+
+Connections = Literal["random", "unique"]
+Relaxation = Literal["softmax", "gumbel"]
+
+
+def make_connections(
+    in_dim: int, out_dim: int, kind: str, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Input indices ``(idx_a, idx_b)``, each ``(out_dim,)`` int64, of a layer's neurons.
+
+    ``"random"`` is difflogic's scheme: ``2·out_dim`` slots filled with ``randperm % in_dim``
+    through a random relabelling of the inputs (every input used when ``2·out_dim >= in_dim``).
+    ``"unique"`` additionally guarantees ``a != b`` in every neuron and no two neurons reading the
+    same unordered pair (while ``in_dim·(in_dim−1)/2 >= out_dim``); it needs ``2·out_dim >= in_dim``
+    so that every input is read.
+    """
+    if kind not in ("random", "unique"):
+        raise ValueError(f"connections must be 'random' or 'unique', got {kind!r}")
+    slots = torch.randperm(2 * out_dim, generator=generator) % in_dim
+    slots = torch.randperm(in_dim, generator=generator)[slots]
+    idx_a, idx_b = slots[:out_dim].clone(), slots[out_dim:].clone()
+    if kind == "random":
+        return idx_a, idx_b
+    if 2 * out_dim < in_dim:
+        raise ValueError(
+            f"connections='unique' needs out_dim * 2 >= in_dim so every input is read; got "
+            f"in_dim={in_dim}, out_dim={out_dim} (use connections='random' or a wider layer)"
+        )
+    if in_dim < 2:
+        raise ValueError(f"connections='unique' needs in_dim >= 2, got {in_dim}")
+    _make_pairs_unique(idx_a, idx_b, in_dim, generator)
+    return idx_a, idx_b
+
+
+def _make_pairs_unique(
+    idx_a: torch.Tensor, idx_b: torch.Tensor, in_dim: int, generator: torch.Generator
+) -> None:
+    """Swap ``idx_b`` entries between neurons (keeping every input's use count) until no neuron has
+    ``a == b`` and no unordered pair repeats; pairs may repeat only when there are too few."""
+    n = idx_a.shape[0]
+    allow_repeats = in_dim * (in_dim - 1) // 2 < n
+    a, b = idx_a.tolist(), idx_b.tolist()
+    counts: dict[tuple[int, int], int] = {}
+    for i in range(n):
+        key = (min(a[i], b[i]), max(a[i], b[i]))
+        counts[key] = counts.get(key, 0) + 1
+
+    def bad(i: int) -> bool:
+        key = (min(a[i], b[i]), max(a[i], b[i]))
+        return a[i] == b[i] or (not allow_repeats and counts[key] > 1)
+
+    def move(i: int, new_b: int, delta: int) -> None:
+        key = (min(a[i], new_b), max(a[i], new_b))
+        counts[key] = counts.get(key, 0) + delta
+
+    pending = [i for i in range(n) if bad(i)]
+    draws = torch.randint(0, n, (64 * n + 1024,), generator=generator).tolist()
+    for j in draws:
+        pending = [i for i in pending if bad(i)]
+        if not pending:
+            break
+        i = pending[-1]
+        move(i, b[i], -1)
+        move(j, b[j], -1)
+        b[i], b[j] = b[j], b[i]
+        move(i, b[i], +1)
+        move(j, b[j], +1)
+        if bad(i) or bad(j):  # undo a swap that does not help
+            move(i, b[i], -1)
+            move(j, b[j], -1)
+            b[i], b[j] = b[j], b[i]
+            move(i, b[i], +1)
+            move(j, b[j], +1)
+    if any(bad(i) for i in range(n)):
+        raise RuntimeError("could not draw unique connections; use connections='random'")
+    idx_b.copy_(torch.tensor(b, dtype=idx_b.dtype))
+
+
+class _GradFactor(torch.autograd.Function):
+    """Identity forward; multiplies the gradient by ``factor`` (difflogic's ``grad_factor``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.factor, None
+
+
+def _sample_gumbel(shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
+    # -log(E) with E ~ Exp(1) is Gumbel(0, 1); exponential_ never returns 0
+    return torch.empty(shape, device=like.device, dtype=like.dtype).exponential_().log_().neg_()
+
+
+class LogicLayer(nn.Module):
+    """One layer of ``out_dim`` two-input logic-gate neurons.
+
+    Args:
+        in_dim: width of the input.
+        out_dim: number of neurons.
+        connections: ``"random"`` or ``"unique"`` (see :func:`make_connections`).
+        relaxation: ``"softmax"`` or ``"gumbel"``.
+        gumbel_tau: temperature of the Gumbel-softmax gradient (the paper uses 1).
+        grad_factor: multiplies the gradient flowing to the layer's input (difflogic; ~2 helps
+            deep nets).
+        seed: seeds the connections and the N(0, 1) logits; ``None`` uses torch's global RNG.
+        backend: logic-layer backend (``None``/``"auto"``, ``"reference"``, ``"triton"``,
+            ``"interpreter"``).
+
+    Shapes: input ``(B, in_dim)`` float32 in ``[0, 1]`` -> output ``(B, out_dim)`` float32.
+
+    Example:
+        >>> layer = LogicLayer(6, 4, seed=0, backend="reference").eval()
+        >>> layer(torch.randint(0, 2, (3, 6)).float()).shape
+        torch.Size([3, 4])
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        *,
+        connections: Connections = "random",
+        relaxation: Relaxation = "softmax",
+        gumbel_tau: float = 1.0,
+        grad_factor: float = 1.0,
+        seed: int | None = None,
+        backend: str | Backend | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("in_dim", in_dim), ("out_dim", out_dim)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if relaxation not in ("softmax", "gumbel"):
+            raise ValueError(f"relaxation must be 'softmax' or 'gumbel', got {relaxation!r}")
+        if not gumbel_tau > 0:
+            raise ValueError(f"gumbel_tau must be > 0, got {gumbel_tau}")
+        if not grad_factor > 0:
+            raise ValueError(f"grad_factor must be > 0, got {grad_factor}")
+        self.in_dim, self.out_dim = in_dim, out_dim
+        self.connections, self.relaxation = connections, relaxation
+        self.gumbel_tau, self.grad_factor = float(gumbel_tau), float(grad_factor)
+        self.backend = backend
+        generator = torch.Generator()
+        generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ()).item()))
+        idx_a, idx_b = make_connections(in_dim, out_dim, connections, generator)
+        self.register_buffer("idx_a", idx_a)
+        self.register_buffer("idx_b", idx_b)
+        self.weights = nn.Parameter(torch.randn(out_dim, 16, generator=generator))
+
+    def gate_weights(self) -> torch.Tensor:
+        """``(out_dim, 16)`` weights of the gates in this forward pass (mode-dependent)."""
+        w = self.weights
+        if not self.training:
+            return nn.functional.one_hot(w.argmax(1), 16).to(w.dtype)
+        if self.relaxation == "softmax":
+            return torch.softmax(w, dim=1)
+        perturbed = w + _sample_gumbel(w.shape, w)
+        soft = torch.softmax(perturbed / self.gumbel_tau, dim=1)
+        hard = nn.functional.one_hot(perturbed.argmax(1), 16).to(w.dtype)
+        # forward value: exactly `hard` (soft - soft is exactly 0); gradient: that of `soft`
+        return hard + (soft - soft.detach())
+
+    def gates(self) -> torch.Tensor:
+        """``(out_dim,)`` int64 argmax gate of each neuron (the discretized network)."""
+        return self.weights.detach().argmax(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.in_dim:
+            raise ValueError(
+                f"LogicLayer expects input of shape (batch, {self.in_dim}), got {tuple(x.shape)}"
+            )
+        if self.training and self.grad_factor != 1.0:
+            x = _GradFactor.apply(x, self.grad_factor)
+        coeffs = gate_coefficients(self.gate_weights())
+        return logic_layer(x, self.idx_a, self.idx_b, coeffs, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_dim={self.in_dim}, out_dim={self.out_dim}, connections={self.connections!r}, "
+            f"relaxation={self.relaxation!r}, gumbel_tau={self.gumbel_tau}"
+        )
+
+
+class GroupSum(nn.Module):
+    """Split the last dimension into ``k`` equal class groups, sum each, divide by ``tau``.
+
+    Shapes: ``(B, N)`` with ``N % k == 0`` -> ``(B, k)``.
+    """
+
+    def __init__(self, k: int, tau: float = 1.0) -> None:
+        super().__init__()
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        if not tau > 0:
+            raise ValueError(f"tau must be > 0, got {tau}")
+        self.k, self.tau = k, float(tau)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] % self.k:
+            raise ValueError(
+                f"GroupSum(k={self.k}) expects (batch, N) with N divisible by {self.k}, got "
+                f"{tuple(x.shape)}"
+            )
+        return group_scores(x.reshape(x.shape[0], self.k, -1).sum(-1), self.tau)
+
+    def extra_repr(self) -> str:
+        return f"k={self.k}, tau={self.tau}"
+
+
+def group_scores(counts: torch.Tensor, tau: float) -> torch.Tensor:
+    """``counts / tau``: the one division shared by :class:`GroupSum` and the compiled network, so
+    that both round identically."""
+    return counts / tau
+
+
+class ThermometerEncoder(nn.Module):
+    """Thermometer code: each feature becomes ``[x > t_1, ..., x > t_T]`` (float 0/1).
+
+    Args:
+        thresholds: strictly increasing thresholds ``(T,)``.
+
+    Shapes: ``(B, *F)`` -> ``(B, prod(F) · T)``, feature-major (``out[:, f·T + j] = x_f > t_j``).
+
+    Example:
+        >>> ThermometerEncoder([0.25, 0.5, 0.75])(torch.tensor([[0.3, 0.9]]))
+        tensor([[1., 0., 0., 1., 1., 1.]])
+    """
+
+    def __init__(self, thresholds: Sequence[float] | torch.Tensor) -> None:
+        super().__init__()
+        t = torch.as_tensor(thresholds, dtype=torch.float32).flatten()
+        if t.numel() == 0 or not torch.isfinite(t).all():
+            raise ValueError("thresholds must be a non-empty sequence of finite numbers")
+        if (t[1:] <= t[:-1]).any():
+            raise ValueError(f"thresholds must be strictly increasing, got {t.tolist()}")
+        self.register_buffer("thresholds", t)
+
+    @classmethod
+    def uniform(
+        cls, num_thresholds: int, low: float = 0.0, high: float = 1.0
+    ) -> ThermometerEncoder:
+        """``num_thresholds`` evenly spaced thresholds strictly inside ``(low, high)``."""
+        if num_thresholds < 1 or not high > low:
+            raise ValueError(f"need num_thresholds >= 1 and high > low, got {num_thresholds}")
+        steps = torch.arange(1, num_thresholds + 1, dtype=torch.float64) / (num_thresholds + 1)
+        return cls((low + (high - low) * steps).float())
+
+    @property
+    def num_thresholds(self) -> int:
+        return self.thresholds.numel()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() < 1:
+            raise ValueError("ThermometerEncoder expects (batch, *features)")
+        flat = x.reshape(x.shape[0], -1).float()
+        return (flat[:, :, None] > self.thresholds).reshape(x.shape[0], -1).float()
+
+
+@dataclass(frozen=True)
+class LogicNetConfig:
+    """Architecture of a :class:`LogicNet` (saved with checkpoints)."""
+
+    in_dim: int
+    layer_sizes: tuple[int, ...]
+    num_classes: int
+    tau: float = 10.0
+    connections: Connections = "random"
+    relaxation: Relaxation = "softmax"
+    gumbel_tau: float = 1.0
+    grad_factor: float = 1.0
+    seed: int | None = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layer_sizes", tuple(int(s) for s in self.layer_sizes))
+        if not self.layer_sizes or any(s < 1 for s in self.layer_sizes):
+            raise ValueError(f"layer_sizes must be non-empty positive ints, got {self.layer_sizes}")
+        if self.in_dim < 1 or self.num_classes < 1:
+            raise ValueError(
+                f"in_dim and num_classes must be >= 1, got {self.in_dim}, {self.num_classes}"
+            )
+        if self.layer_sizes[-1] % self.num_classes:
+            raise ValueError(
+                f"the last layer width {self.layer_sizes[-1]} must be divisible by num_classes="
+                f"{self.num_classes} (GroupSum splits it into equal class groups)"
+            )
+        if not self.tau > 0:
+            raise ValueError(f"tau must be > 0, got {self.tau}")
+        if self.connections not in ("random", "unique"):
+            raise ValueError(f"connections must be 'random' or 'unique', got {self.connections!r}")
+        if self.relaxation not in ("softmax", "gumbel"):
+            raise ValueError(f"relaxation must be 'softmax' or 'gumbel', got {self.relaxation!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "layer_sizes": list(self.layer_sizes)}
+
+
+class LogicNet(nn.Module):
+    """A stack of :class:`LogicLayer` followed by :class:`GroupSum`.
+
+    Args mirror :class:`LogicNetConfig`; layer ``i`` is seeded with ``seed + i``.
+
+    Shapes: ``(B, in_dim)`` float32 in ``[0, 1]`` (e.g. thermometer bits) -> ``(B, num_classes)``
+    class scores (logits for cross-entropy).
+
+    Example:
+        >>> net = LogicNet(12, [16, 8], num_classes=2, tau=2.0, backend="reference")
+        >>> net(torch.rand(5, 12)).shape
+        torch.Size([5, 2])
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        layer_sizes: Sequence[int],
+        num_classes: int,
+        tau: float = 10.0,
+        *,
+        connections: Connections = "random",
+        relaxation: Relaxation = "softmax",
+        gumbel_tau: float = 1.0,
+        grad_factor: float = 1.0,
+        seed: int | None = 0,
+        backend: str | Backend | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = LogicNetConfig(
+            in_dim,
+            tuple(layer_sizes),
+            num_classes,
+            tau,
+            connections,
+            relaxation,
+            gumbel_tau,
+            grad_factor,
+            seed,
+        )
+        widths = (in_dim, *self.config.layer_sizes)
+        self.layers = nn.ModuleList(
+            LogicLayer(
+                widths[i],
+                widths[i + 1],
+                connections=connections,
+                relaxation=relaxation,
+                gumbel_tau=gumbel_tau,
+                grad_factor=grad_factor,
+                seed=None if seed is None else seed + i,
+                backend=backend,
+            )
+            for i in range(len(widths) - 1)
+        )
+        self.group_sum = GroupSum(num_classes, tau)
+
+    @classmethod
+    def from_config(cls, config: LogicNetConfig, **kwargs: Any) -> LogicNet:
+        fields = config.to_dict()
+        return cls(
+            fields.pop("in_dim"),
+            fields.pop("layer_sizes"),
+            fields.pop("num_classes"),
+            fields.pop("tau"),
+            **fields,
+            **kwargs,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.config.in_dim:
+            raise ValueError(
+                f"LogicNet expects input of shape (batch, {self.config.in_dim}), got "
+                f"{tuple(x.shape)}"
+            )
+        for layer in self.layers:
+            x = layer(x)
+        return self.group_sum(x)

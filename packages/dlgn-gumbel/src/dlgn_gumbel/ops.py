@@ -1,0 +1,49 @@
+"""The fused logic-layer op: validation, then the backend chosen per call."""
+
+from __future__ import annotations
+
+import torch
+
+from dlgn_gumbel.reference import logic_layer_affine
+from kernels_common.backend import Backend, KernelOp
+
+__all__ = ["logic_layer", "logic_layer_op"]
+
+logic_layer_op = KernelOp(
+    name="dlgn_logic_layer",
+    reference=logic_layer_affine,
+    triton="dlgn_gumbel.autograd:logic_layer_triton",
+)
+
+
+def logic_layer(
+    x: torch.Tensor,
+    idx_a: torch.Tensor,
+    idx_b: torch.Tensor,
+    coeffs: torch.Tensor,
+    *,
+    backend: str | Backend | None = None,
+) -> torch.Tensor:
+    """Affine logic layer ``y[:, n] = c0 + c1·a + c2·b + c3·ab`` (``a = x[:, idx_a[n]]``...).
+
+    Args:
+        x: ``(B, in_dim)`` float32 inputs.
+        idx_a, idx_b: ``(N,)`` int64 indices in ``[0, in_dim)``.
+        coeffs: ``(N, 4)`` float32 coefficients (``gate_coefficients(weights)``).
+        backend: ``None``/``"auto"``, ``"triton"``, ``"interpreter"`` or ``"reference"`` (the
+            vectorized PyTorch path; see :func:`kernels_common.resolve_backend`).
+
+    Returns:
+        ``(B, N)`` float32, differentiable in ``x`` and ``coeffs``.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D (batch, in_dim), got shape {tuple(x.shape)}")
+    if x.dtype != torch.float32 or coeffs.dtype != torch.float32:
+        raise TypeError(f"x and coeffs must be float32, got {x.dtype} and {coeffs.dtype}")
+    n_out = idx_a.shape[0]
+    if idx_a.shape != (n_out,) or idx_b.shape != (n_out,) or coeffs.shape != (n_out, 4):
+        raise ValueError(
+            f"idx_a, idx_b must be (N,) and coeffs (N, 4); got {tuple(idx_a.shape)}, "
+            f"{tuple(idx_b.shape)}, {tuple(coeffs.shape)}"
+        )
+    return logic_layer_op(x, idx_a, idx_b, coeffs, backend=backend)
