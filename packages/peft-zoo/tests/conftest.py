@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import CAUSAL, tiny_model  # noqa: E402
+from helpers import CAUSAL, tiny_model
 
 
 @pytest.fixture(params=CAUSAL)

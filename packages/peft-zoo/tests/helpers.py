@@ -42,7 +42,16 @@ def tiny_model(kind: str) -> torch.nn.Module:
         )
         model = Qwen2ForCausalLM(config)
     elif kind == "gpt2":
-        config = GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128)
+        config = GPT2Config(
+            vocab_size=VOCAB,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=128,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
         model = GPT2LMHeadModel(config)
     elif kind == "bert":
         config = BertConfig(

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import copy
 
+import peft_zoo as pz
 import pytest
 import torch
 from helpers import batch, left_pad, tiny_model
-
-import peft_zoo as pz
 
 # float32 forward passes of the same math in a different order: agreement to 1e-5 (logits ~1)
 ATOL = 1e-5
@@ -22,8 +21,9 @@ def test_trainable_parameters_equal_formula(causal_lm):
     trainable, total = model.get_nb_trainable_parameters()
     assert trainable == n * t * r + r * h + n * h + n
     assert total == trainable + sum(p.numel() for p in causal_lm.base_model.parameters()) + (
-        0 if causal_lm.lm_head.weight is causal_lm.get_input_embeddings().weight else
-        causal_lm.lm_head.weight.numel()
+        0
+        if causal_lm.lm_head.weight is causal_lm.get_input_embeddings().weight
+        else causal_lm.lm_head.weight.numel()
     )
 
 
@@ -77,7 +77,9 @@ def test_one_expert_selected_and_router_gets_gradients():
 
 def test_router_noise_only_in_training():
     torch.manual_seed(0)
-    adapter = pz.get_peft_model(tiny_model("gpt2"), pz.PTMoEConfig(6, 2, 4, router_noise_std=0.5)).adapter
+    adapter = pz.get_peft_model(
+        tiny_model("gpt2"), pz.PTMoEConfig(6, 2, 4, router_noise_std=0.5)
+    ).adapter
     mean = torch.randn(64, 32)
     adapter.eval()
     assert torch.equal(adapter.weights(mean), adapter.weights(mean))

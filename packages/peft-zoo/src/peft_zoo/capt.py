@@ -49,10 +49,12 @@ class CaPTModel(PromptModel):
             hidden = args[0] if args else kwargs.get("hidden_states")
             if active is None or hidden is None or hidden.shape[1] != active.embeds.shape[1]:
                 return None  # not this model's prefill pass (e.g. a cached decoding step)
-            state = self.adapter.task_vectors[index] + masked_mean(hidden, active.attention_mask)
+            state = self.adapter.task_vectors[index] + masked_mean(hidden, active.context_mask)
             at_capsule = torch.zeros_like(active.attention_mask, dtype=torch.bool)
             at_capsule[torch.arange(len(active.start)), active.start] = True
-            hidden = torch.where(at_capsule.unsqueeze(-1), state.unsqueeze(1).to(hidden.dtype), hidden)
+            hidden = torch.where(
+                at_capsule.unsqueeze(-1), state.unsqueeze(1).to(hidden.dtype), hidden
+            )
             if args:
                 return (hidden, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": hidden}

@@ -72,7 +72,9 @@ class PTMoEConfig(AdapterConfig):
         if self.init_text is not None and not (
             isinstance(self.init_text, str) and self.init_text.strip()
         ):
-            raise ValueError(f"init_text must be a non-empty string or None, got {self.init_text!r}")
+            raise ValueError(
+                f"init_text must be a non-empty string or None, got {self.init_text!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -126,9 +128,7 @@ class LoPEConfig(AdapterConfig):
         if self.target_modules is not None:
             targets = self.target_modules
             if isinstance(targets, str) or not all(isinstance(t, str) and t for t in targets):
-                raise TypeError(
-                    f"target_modules must be a list of module names, got {targets!r}"
-                )
+                raise TypeError(f"target_modules must be a list of module names, got {targets!r}")
             if not targets:
                 raise ValueError("target_modules must not be empty (use None for the default)")
             object.__setattr__(self, "target_modules", tuple(targets))

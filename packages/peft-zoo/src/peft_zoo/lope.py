@@ -68,7 +68,11 @@ class LoPELinear(nn.Module):
 def replace_targets(model: nn.Module, targets: tuple[str, ...], config: LoPEConfig) -> list[str]:
     """Swap every linear layer whose leaf name is in ``targets`` for a :class:`LoPELinear`."""
     linear_names = sorted(
-        {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear | Conv1D)}
+        {
+            name.rsplit(".", 1)[-1]
+            for name, m in model.named_modules()
+            if isinstance(m, nn.Linear | Conv1D)
+        }
     )
     replaced = []
     for name, module in list(model.named_modules()):

@@ -6,6 +6,11 @@ index 0 for right-padded or unpadded rows, after the pads for left-padded rows. 
 computes exactly what the same row would unpadded. Returned logits are aligned with
 ``input_ids`` (the prompt positions are removed), and the language-model loss covers only the
 input positions.
+
+The instance-aware summary (CaPT's ``Mean(E)``, PT-MoE's router input) averages the positions of
+``context_mask`` (default: the attention mask). When labels cover later tokens of the same
+sequence (an answer after an instruction), pass the instruction's positions as ``context_mask``
+so that the summary does not see the targets.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ class Inserted:
         position_ids: ``(B, L + P)`` long, ``cumsum(mask) - 1`` clamped at 0.
         start: ``(B,)`` index of each row's first prompt vector.
         source_index: ``(B, L)`` new index of every original position.
+        context_mask: ``(B, L + P)`` long, 1 on the prompt and the context positions.
     """
 
     embeds: torch.Tensor
@@ -37,6 +43,7 @@ class Inserted:
     position_ids: torch.Tensor
     start: torch.Tensor
     source_index: torch.Tensor
+    context_mask: torch.Tensor | None = None
 
     def insert(self, values: torch.Tensor, fill: int) -> torch.Tensor:
         """Insert ``fill`` at the prompt positions of a ``(B, L)`` tensor (labels, type ids)."""
@@ -93,7 +100,7 @@ class PromptModel(PeftZooModel):
         """The prompt ``(B, P, H)`` for input embeddings ``(B, L, H)`` and mask ``(B, L)``."""
         raise NotImplementedError
 
-    def _inserted(self, input_ids, attention_mask, inputs_embeds) -> Inserted:
+    def _inserted(self, input_ids, attention_mask, inputs_embeds, context_mask=None) -> Inserted:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
@@ -102,13 +109,27 @@ class PromptModel(PeftZooModel):
             raise ValueError(f"inputs must be (batch, length), got {tuple(inputs_embeds.shape)}")
         batch, length = inputs_embeds.shape[:2]
         if attention_mask is None:
-            attention_mask = torch.ones(batch, length, dtype=torch.long, device=inputs_embeds.device)
+            attention_mask = torch.ones(
+                batch, length, dtype=torch.long, device=inputs_embeds.device
+            )
         if attention_mask.shape != (batch, length):
             raise ValueError(
                 f"attention_mask shape {tuple(attention_mask.shape)} does not match the input "
                 f"{(batch, length)}"
             )
-        return insert_prompt(inputs_embeds, attention_mask, self.prompt(inputs_embeds, attention_mask))
+        if context_mask is None:
+            context_mask = attention_mask
+        elif context_mask.shape != (batch, length):
+            raise ValueError(
+                f"context_mask shape {tuple(context_mask.shape)} does not match the input "
+                f"{(batch, length)}"
+            )
+        context_mask = context_mask.long() * attention_mask.long()
+        inserted = insert_prompt(
+            inputs_embeds, attention_mask, self.prompt(inputs_embeds, context_mask)
+        )
+        inserted.context_mask = inserted.insert(context_mask, 1)
+        return inserted
 
     def _run(self, inserted: Inserted, **kwargs) -> ModelOutput:
         return self.base_model(
@@ -125,6 +146,7 @@ class PromptModel(PeftZooModel):
         labels: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
+        context_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> ModelOutput:
         """Run the base model on the input with the prompt inserted.
@@ -134,11 +156,13 @@ class PromptModel(PeftZooModel):
             attention_mask: ``(B, L)``, 1 on real tokens; left or right padding.
             labels: causal LM: ``(B, L)`` token ids, -100 ignored, loss on input positions only;
                 sequence classification: ``(B,)`` passed to the base model.
+            context_mask: ``(B, L)``, the positions summarised by the method (default: all real
+                tokens); see the module docstring.
 
         Returns:
             The base model's output; 3-D outputs (``logits (B, L, V)``) are aligned with the input.
         """
-        inserted = self._inserted(input_ids, attention_mask, inputs_embeds)
+        inserted = self._inserted(input_ids, attention_mask, inputs_embeds, context_mask)
         if token_type_ids is not None:
             kwargs["token_type_ids"] = inserted.insert(token_type_ids, 0)
         is_lm = labels is not None and labels.dim() == 2
