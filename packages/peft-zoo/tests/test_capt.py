@@ -39,7 +39,9 @@ def test_exactly_one_token_inserted_with_manual_value(causal_lm):
         got = model(input_ids=ids).logits
     hook.remove()
     handle.remove()
-    assert lengths == [7] and got.shape[:2] == (3, 6) and len(seen) == 1
+    assert lengths == [7]
+    assert got.shape[:2] == (3, 6)
+    assert len(seen) == 1
     task = model.adapter.task_vectors[0]
     with torch.no_grad():
         embeds = base.get_input_embeddings()(ids)

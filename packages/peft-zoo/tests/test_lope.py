@@ -96,9 +96,11 @@ def test_stage_two_freezes_poisoning_expert_but_keeps_it_in_training_forward():
         optimizer.zero_grad()
     state = model.adapter_state_dict()
     for name, value in frozen.items():
-        assert torch.equal(state[name], value) and not state[name].requires_grad
+        assert torch.equal(state[name], value)
+        assert not state[name].requires_grad
     changed = [n for n, v in state.items() if "lope_B" in n and "B_D" not in n]
-    assert changed and all(state[n].abs().sum() > 0 for n in changed)
+    assert changed
+    assert all(state[n].abs().sum() > 0 for n in changed)
     layer = model.lope_layers()[0]
     x = torch.randn(3, 32)
     with torch.no_grad():  # training forward still uses B_D
@@ -142,7 +144,7 @@ def test_unknown_target_names_what_exists():
 
 
 def test_non_linear_target_is_refused():
-    with pytest.raises(ValueError, match="Embedding; LoPE supports nn.Linear"):
+    with pytest.raises(ValueError, match=r"Embedding; LoPE supports nn\.Linear"):
         pz.get_peft_model(tiny_model("llama"), pz.LoPEConfig(target_modules=("embed_tokens",)))
 
 
@@ -155,7 +157,7 @@ def test_unsupported_architecture_names_supported_ones():
     for config in (CFG, pz.CaPTConfig(), pz.PTMoEConfig(4, 2, 2)):
         with pytest.raises(ValueError, match=r"'t5'.*not supported.*'gpt2', 'llama'"):
             pz.get_peft_model(t5, config)
-    with pytest.raises(TypeError, match="nn.Module"):
+    with pytest.raises(TypeError, match=r"nn\.Module"):
         pz.get_peft_model("gpt2", CFG)
     with pytest.raises(TypeError, match="LoPEConfig"):
         pz.get_peft_model(tiny_model("gpt2"), {"r": 4})
@@ -179,7 +181,7 @@ def test_bad_stage_and_missing_files(tmp_path):
     model = pz.get_peft_model(tiny_model("gpt2"), CFG)
     with pytest.raises(ValueError, match="stage must be one of"):
         model.set_stage(3)
-    with pytest.raises(FileNotFoundError, match="adapter_config.json"):
+    with pytest.raises(FileNotFoundError, match=r"adapter_config\.json"):
         pz.from_pretrained(tiny_model("gpt2"), tmp_path)
     model.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="saved for a 'gpt2' model, got 'llama'"):

@@ -100,7 +100,7 @@ class CaPTConfig(AdapterConfig):
 
 @dataclass(frozen=True)
 class LoPEConfig(AdapterConfig):
-    """LoPE: asymmetric LoRA (shared ``A``, experts ``B_i``, router) plus a poisoning expert ``B_D``.
+    """LoPE: asymmetric LoRA (shared ``A``, experts ``B_i``, router) + poisoning expert ``B_D``.
 
     Attributes:
         r: LoRA rank (paper: 4).

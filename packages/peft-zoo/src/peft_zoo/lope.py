@@ -111,7 +111,7 @@ class LoPEModel(PeftZooModel):
         return [m for m in self.base_model.modules() if isinstance(m, LoPELinear)]
 
     def set_stage(self, stage: int) -> None:
-        """Stage 1: train ``A`` and ``B_D``; stage 2: train ``A``, ``B_i``, router; ``B_D`` frozen."""
+        """Stage 1 trains ``A``, ``B_D``; stage 2 trains ``A``, ``B_i``, router, freezes ``B_D``."""
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
         self.stage = stage

@@ -47,7 +47,7 @@ class Inserted:
 
     def insert(self, values: torch.Tensor, fill: int) -> torch.Tensor:
         """Insert ``fill`` at the prompt positions of a ``(B, L)`` tensor (labels, type ids)."""
-        batch, length = values.shape
+        batch, _length = values.shape
         out = values.new_full((batch, self.embeds.shape[1]), fill)
         return out.scatter(1, self.source_index, values)
 

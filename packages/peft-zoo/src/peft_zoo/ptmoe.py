@@ -37,7 +37,10 @@ class PTMoEPrompt(nn.Module):
 
     @torch.no_grad()
     def svd_init(self, text_embeds: torch.Tensor) -> None:
-        """``E = UΣVᵀ`` of ``text_embeds (T, H)``: ``A_i = U_R Σ_R^{1/2}``, ``B = Σ_R^{1/2} V_Rᵀ``."""
+        """SVD ``E = UΣVᵀ`` of ``text_embeds (T, H)``.
+
+        Sets ``A_i = U_R Σ_R^{1/2}`` for every expert and ``B = Σ_R^{1/2} V_Rᵀ``.
+        """
         u, s, vh = torch.linalg.svd(text_embeds.float(), full_matrices=False)
         r = self.config.rank
         root = s[:r].sqrt()
