@@ -10,8 +10,8 @@ import functools
 
 import pytest
 import torch
-from dlgn_gumbel import gate_coefficients, logic_layer, logic_layer_reference16
 
+from dlgn_gumbel import gate_coefficients, logic_layer, logic_layer_reference16
 from kernels_common.testing import Tolerance, assert_kernel_matches
 
 OUT_TOL = Tolerance(atol=1e-5, rtol=1e-5)
@@ -23,7 +23,7 @@ CASES = [(1, 5, 3), (37, 33, 70), (65, 8, 129), (3, 200, 1)]
 
 def make_inputs(batch, in_dim, out_dim, *, binary=False):
     def make(gen):
-        x = torch.rand(batch, in_dim, generator=gen)
+        x = torch.rand(in_dim, batch, generator=gen)
         if binary:
             x = (x > 0.5).float()
         idx = torch.randint(0, in_dim, (2, out_dim), generator=gen)
@@ -67,7 +67,7 @@ def test_triton_kernel_matches_16_term_reference(shape, triton_backend):
 
 def test_triton_kernel_binary_inputs_and_one_hot_gates_are_exact(triton_backend):
     gen = torch.Generator().manual_seed(0)
-    x = (torch.rand(40, 12, generator=gen) > 0.5).float()
+    x = (torch.rand(12, 40, generator=gen) > 0.5).float()
     idx_a, idx_b = torch.randint(0, 12, (2, 77), generator=gen)
     weights = torch.nn.functional.one_hot(torch.randint(0, 16, (77,), generator=gen), 16).float()
     expected = logic_layer_reference16(x, idx_a, idx_b, weights)
@@ -79,13 +79,13 @@ def test_triton_kernel_binary_inputs_and_one_hot_gates_are_exact(triton_backend)
     ("kwargs", "error", "match"),
     [
         ({"x": torch.rand(3)}, ValueError, "2-D"),
-        ({"x": torch.rand(3, 4, dtype=torch.float64)}, TypeError, "float32"),
+        ({"x": torch.rand(4, 3, dtype=torch.float64)}, TypeError, "float32"),
         ({"coeffs": torch.rand(5, 3)}, ValueError, r"\(N, 4\)"),
     ],
 )
 def test_bad_input(kwargs, error, match):
     args = {
-        "x": torch.rand(3, 4),
+        "x": torch.rand(4, 3),
         "idx_a": torch.zeros(5, dtype=torch.long),
         "idx_b": torch.zeros(5, dtype=torch.long),
         "coeffs": torch.rand(5, 4),

@@ -207,6 +207,10 @@ class LogicLayer(nn.Module):
             raise ValueError(
                 f"LogicLayer expects input of shape (batch, {self.in_dim}), got {tuple(x.shape)}"
             )
+        return self.forward_features(x.t().contiguous()).t()
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """The layer on feature-major activations: ``(in_dim, B)`` -> ``(out_dim, B)``."""
         if self.training and self.grad_factor != 1.0:
             x = _GradFactor.apply(x, self.grad_factor)
         coeffs = gate_coefficients(self.gate_weights())
@@ -406,6 +410,7 @@ class LogicNet(nn.Module):
                 f"LogicNet expects input of shape (batch, {self.config.in_dim}), got "
                 f"{tuple(x.shape)}"
             )
+        h = x.t().contiguous()  # feature-major inside the network
         for layer in self.layers:
-            x = layer(x)
-        return self.group_sum(x)
+            h = layer.forward_features(h)
+        return self.group_sum(h.t())

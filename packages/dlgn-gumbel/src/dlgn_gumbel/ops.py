@@ -24,20 +24,22 @@ def logic_layer(
     *,
     backend: str | Backend | None = None,
 ) -> torch.Tensor:
-    """Affine logic layer ``y[:, n] = c0 + c1·a + c2·b + c3·ab`` (``a = x[:, idx_a[n]]``...).
+    """Affine logic layer ``y[n] = c0 + c1·a + c2·b + c3·ab`` (``a = x[idx_a[n]]``, ...).
+
+    Activations are feature-major (one row per feature, one column per sample).
 
     Args:
-        x: ``(B, in_dim)`` float32 inputs.
+        x: ``(in_dim, B)`` float32 inputs.
         idx_a, idx_b: ``(N,)`` int64 indices in ``[0, in_dim)``.
         coeffs: ``(N, 4)`` float32 coefficients (``gate_coefficients(weights)``).
         backend: ``None``/``"auto"``, ``"triton"``, ``"interpreter"`` or ``"reference"`` (the
             vectorized PyTorch path; see :func:`kernels_common.resolve_backend`).
 
     Returns:
-        ``(B, N)`` float32, differentiable in ``x`` and ``coeffs``.
+        ``(N, B)`` float32, differentiable in ``x`` and ``coeffs``.
     """
     if x.dim() != 2:
-        raise ValueError(f"x must be 2-D (batch, in_dim), got shape {tuple(x.shape)}")
+        raise ValueError(f"x must be 2-D (in_dim, batch), got shape {tuple(x.shape)}")
     if x.dtype != torch.float32 or coeffs.dtype != torch.float32:
         raise TypeError(f"x and coeffs must be float32, got {x.dtype} and {coeffs.dtype}")
     n_out = idx_a.shape[0]

@@ -5,6 +5,10 @@
 * :func:`logic_layer_affine` -- the CPU fast path: the mixture as ``c0 + c1·a + c2·b + c3·ab``
   with 4 coefficients per neuron and a hand-written backward that recomputes the gathered inputs
   instead of storing them.
+
+Both take activations **feature-major**, ``x: (in_dim, B)`` -> ``y: (N, B)``: gathering a
+neuron's inputs then copies whole contiguous rows (4x faster on a CPU than gathering columns of
+a batch-major matrix), and the input gradient is a row-wise ``index_add``.
 """
 
 from __future__ import annotations
@@ -21,18 +25,18 @@ __all__ = ["logic_layer_affine", "logic_layer_reference16"]
 def logic_layer_reference16(
     x: torch.Tensor, idx_a: torch.Tensor, idx_b: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
-    """``y[:, n] = sum_i weights[n, i] · op_i(x[:, idx_a[n]], x[:, idx_b[n]])``.
+    """``y[n] = sum_i weights[n, i] · op_i(x[idx_a[n]], x[idx_b[n]])``.
 
     Args:
-        x: ``(B, in_dim)`` float inputs in ``[0, 1]``.
+        x: ``(in_dim, B)`` float inputs in ``[0, 1]`` (feature-major).
         idx_a, idx_b: ``(N,)`` int64 input indices of each neuron.
         weights: ``(N, 16)`` gate weights (softmax probabilities or one-hot rows).
 
     Returns:
-        ``(B, N)`` outputs, differentiable in ``x`` and ``weights``.
+        ``(N, B)`` outputs, differentiable in ``x`` and ``weights``.
     """
-    a, b = x[:, idx_a], x[:, idx_b]
-    return sum(weights[:, i] * relaxed_gate(i, a, b) for i in range(16))
+    a, b = x[idx_a], x[idx_b]
+    return sum(weights[:, i, None] * relaxed_gate(i, a, b) for i in range(16))
 
 
 class _AffineLogic(torch.autograd.Function):
@@ -40,26 +44,26 @@ class _AffineLogic(torch.autograd.Function):
     def forward(
         ctx: Any, x: torch.Tensor, idx_a: torch.Tensor, idx_b: torch.Tensor, coeffs: torch.Tensor
     ) -> torch.Tensor:
-        a, b = x[:, idx_a], x[:, idx_b]
-        c0, c1, c2, c3 = coeffs.unbind(1)
+        a, b = x.index_select(0, idx_a), x.index_select(0, idx_b)
+        c0, c1, c2, c3 = coeffs[:, :, None].unbind(1)
         ctx.save_for_backward(x, idx_a, idx_b, coeffs)
         return torch.addcmul(c2 * b + c0, a, c3 * b + c1)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         x, idx_a, idx_b, coeffs = ctx.saved_tensors
-        a, b = x[:, idx_a], x[:, idx_b]
-        _, c1, c2, c3 = coeffs.unbind(1)
+        a, b = x.index_select(0, idx_a), x.index_select(0, idx_b)
+        _, c1, c2, c3 = coeffs[:, :, None].unbind(1)
         grad_x = grad_coeffs = None
         if ctx.needs_input_grad[0]:
             grad_a = grad * (c3 * b + c1)
             grad_b = grad * (c3 * a + c2)
             grad_x = torch.zeros_like(x)
-            grad_x.index_add_(1, idx_a, grad_a).index_add_(1, idx_b, grad_b)
+            grad_x.index_add_(0, idx_a, grad_a).index_add_(0, idx_b, grad_b)
         if ctx.needs_input_grad[3]:
             ga = grad * a
             grad_coeffs = torch.stack(
-                (grad.sum(0), ga.sum(0), (grad * b).sum(0), (ga * b).sum(0)), dim=1
+                (grad.sum(1), ga.sum(1), (grad * b).sum(1), (ga * b).sum(1)), dim=1
             )
         return grad_x, None, None, grad_coeffs
 
@@ -67,14 +71,14 @@ class _AffineLogic(torch.autograd.Function):
 def logic_layer_affine(
     x: torch.Tensor, idx_a: torch.Tensor, idx_b: torch.Tensor, coeffs: torch.Tensor
 ) -> torch.Tensor:
-    """``y[:, n] = c0 + c1·a + c2·b + c3·a·b`` with ``a = x[:, idx_a[n]]``, ``b = x[:, idx_b[n]]``.
+    """``y[n] = c0 + c1·a + c2·b + c3·a·b`` with ``a = x[idx_a[n]]``, ``b = x[idx_b[n]]``.
 
     Args:
-        x: ``(B, in_dim)`` float inputs.
+        x: ``(in_dim, B)`` float inputs (feature-major).
         idx_a, idx_b: ``(N,)`` int64 input indices.
         coeffs: ``(N, 4)`` per-neuron coefficients ``(c0, c1, c2, c3)``, dtype of ``x``.
 
     Returns:
-        ``(B, N)`` outputs, differentiable in ``x`` and ``coeffs``.
+        ``(N, B)`` outputs, differentiable in ``x`` and ``coeffs``.
     """
     return _AffineLogic.apply(x, idx_a, idx_b, coeffs)

@@ -1,0 +1,80 @@
+"""Package-level checks: README example, lean import, CLI, training checkpoints and resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import dlgn_gumbel
+from dlgn_gumbel.__main__ import main
+from dlgn_gumbel.data import load_images
+from dlgn_gumbel.train import TrainConfig, load_checkpoint, train
+from kernels_common.testing import import_footprint, run_markdown_python
+
+README = Path(__file__).parents[1] / "README.md"
+
+
+def test_readme_example_runs():
+    run_markdown_python(README)
+
+
+def test_import_does_not_load_triton_or_cuda():
+    footprint = import_footprint("import torch, dlgn_gumbel", watch=["triton"])
+    assert not footprint["triton"], "triton imported"
+    assert not footprint["cuda"]
+
+
+def test_cli_help():
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--help"])
+    assert exit_info.value.code == 0
+    assert dlgn_gumbel.__version__ == "0.1.0"
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_images("digits")
+
+
+def _config(steps, **kwargs):
+    return TrainConfig(
+        layer_sizes=(200, 100), tau=3.0, steps=steps, eval_every=5, batch_size=64, **kwargs
+    )
+
+
+@pytest.mark.parametrize("relaxation", ["softmax", "gumbel"])
+def test_resume_continues_exactly(tmp_path, digits, relaxation):
+    args = (digits.x_train, digits.y_train, digits.x_test[:100], digits.y_test[:100])
+    kw = {"num_classes": 10, "backend": "reference", "progress": False}
+    full = train(_config(12, relaxation=relaxation), *args, out_dir=tmp_path / "a", **kw)
+    train(_config(7, relaxation=relaxation), *args, out_dir=tmp_path / "b", **kw)
+    resumed = train(
+        _config(12, relaxation=relaxation), *args, out_dir=tmp_path / "b", resume=True, **kw
+    )
+    assert resumed.steps == 12
+    for p, q in zip(full.net.parameters(), resumed.net.parameters(), strict=True):
+        assert torch.equal(p, q)
+    net, config = load_checkpoint(tmp_path / "b")
+    assert config.relaxation == relaxation
+    assert torch.equal(net.layers[0].weights, full.net.layers[0].weights)
+    with pytest.raises(ValueError, match="differs"):
+        train(_config(12, relaxation="softmax", lr=0.1), *args, out_dir=tmp_path / "b",
+              resume=True, **kw)  # fmt: skip
+
+
+def test_cli_train_then_compile(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(
+        ["train", "--dataset", "digits", "--out", str(out), "--layers", "100x2", "--steps", "6",
+         "--eval-every", "3", "--batch-size", "32", "--tau", "2", "--backend", "reference"]
+    )  # fmt: skip
+    assert code == 0
+    assert (out / "checkpoint.safetensors").is_file()
+    assert (out / "compiled" / "config.json").is_file()
+    assert main(["compile", "--checkpoint", str(out), "--out", str(tmp_path / "c"),
+                 "--engine", "numpy", "--dataset", "digits"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "test accuracy" in printed
+    assert "images/s" in printed
