@@ -1,0 +1,87 @@
+"""lpc-cache: learned prefix-cache eviction (LPC, NeurIPS 2025) with a token-block radix cache
+simulator, the classic policies (LRU, LFU, FIFO), offline bounds (Belady, Oracle) and real
+ShareGPT traces."""
+
+from lpc_cache.cache import Block, Lease, PrefixCache, block_hashes
+from lpc_cache.encoders import HashingEncoder, SentenceEncoder, TextEncoder
+from lpc_cache.policies import (
+    POLICIES,
+    Access,
+    BeladyPolicy,
+    EvictionPolicy,
+    FIFOPolicy,
+    LFUPolicy,
+    LPCPolicy,
+    LRUPolicy,
+    OraclePolicy,
+    make_policy,
+)
+from lpc_cache.predictor import (
+    ContinuationPredictor,
+    PredictorConfig,
+    mcc,
+    roc_auc,
+    split_conversations,
+    trace_features,
+)
+from lpc_cache.simulator import (
+    PreparedTrace,
+    ServingModel,
+    SimulationResult,
+    capacity_at_hit_ratio,
+    prepare,
+    simulate,
+    sweep,
+)
+from lpc_cache.trace import (
+    Request,
+    Trace,
+    TraceConfig,
+    build_trace,
+    load_trace,
+    save_trace,
+    sharegpt_trace,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "POLICIES",
+    "Access",
+    "BeladyPolicy",
+    "Block",
+    "ContinuationPredictor",
+    "EvictionPolicy",
+    "FIFOPolicy",
+    "HashingEncoder",
+    "LFUPolicy",
+    "LPCPolicy",
+    "LRUPolicy",
+    "Lease",
+    "OraclePolicy",
+    "PredictorConfig",
+    "PrefixCache",
+    "PreparedTrace",
+    "Request",
+    "SentenceEncoder",
+    "ServingModel",
+    "SimulationResult",
+    "TextEncoder",
+    "Trace",
+    "TraceConfig",
+    "__version__",
+    "block_hashes",
+    "build_trace",
+    "capacity_at_hit_ratio",
+    "load_trace",
+    "make_policy",
+    "mcc",
+    "prepare",
+    "roc_auc",
+    "save_trace",
+    "sharegpt_trace",
+    "simulate",
+    "split_conversations",
+    "sweep",
+    "trace_features",
+]

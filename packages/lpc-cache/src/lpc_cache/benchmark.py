@@ -1,0 +1,98 @@
+"""Throughput of the simulator (requests/s, one core) for LRU (the vLLM/SGLang policy) and LPC
+on a ShareGPT trace, and of batched predictor inference (predictions/s). Needs the ``bench``
+extra (benchdata ShareGPT + cl100k)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kernels_common.bench import compare, hardware_description, measure
+from lpc_cache.predictor import ContinuationPredictor, PredictorConfig
+from lpc_cache.simulator import prepare, simulate
+from lpc_cache.trace import TraceConfig, sharegpt_trace
+
+logger = logging.getLogger(__name__)
+
+CAPACITY_FRACTIONS = (0.05, 0.25)  # of the trace's distinct-block footprint: tight and roomy
+
+
+def run(out: str | Path | None = None, *, conversations: int = 2000, repeat: int = 5) -> str:
+    """Run both benchmarks; return Markdown (and write ``bench_lpc_cache.{json,md}`` to ``out``)."""
+    torch.set_num_threads(1)
+    trace = sharegpt_trace(conversations, TraceConfig(seed=0))
+    prepared = prepare(trace)  # hashing is done once per trace and block size, not per replay
+    footprint = len({h for s in prepared.sequence for h in s}) * 16
+    rng = np.random.default_rng(0)
+    probabilities = rng.uniform(0.2, 0.9, len(trace))  # LPC's cost does not depend on the values
+    rows, tables = [], []
+    for fraction in CAPACITY_FRACTIONS:
+        capacity = int(fraction * footprint)
+        candidates = {
+            name: (
+                lambda name=name, capacity=capacity: simulate(
+                    trace, name, capacity, probabilities=probabilities
+                )
+            )
+            for name in ("lru", "lpc", "fifo")
+        }
+        table = compare(
+            candidates,
+            baseline="lru",
+            title=f"simulator, {len(trace)} ShareGPT requests, capacity {capacity:,} tokens",
+            warmup=1,
+            repeat=repeat,
+            memory=False,
+            check_outputs=False,
+        )
+        tables.append(table.to_markdown())
+        hit = {n: f() for n, f in candidates.items()}
+        for row in table.rows:
+            rows.append(
+                {
+                    "benchmark": "simulator",
+                    "capacity_tokens": capacity,
+                    "policy": row.name,
+                    "requests_per_s": len(trace) / row.measurement.median_s,
+                    "time_ratio_vs_lru": row.time_ratio,
+                    "hit_ratio": hit[row.name].hit_ratio,
+                }
+            )
+    predictor = ContinuationPredictor(PredictorConfig())
+    x = rng.normal(size=(8192, predictor.config.input_dim)).astype(np.float32)
+    batched = measure(lambda: predictor.predict_proba(x), warmup=1, repeat=repeat, memory=False)
+    one = x[:1]
+    single = measure(lambda: predictor.predict_proba(one), warmup=5, repeat=50, memory=False)
+    rows.append(
+        {"benchmark": "predictor", "batch": 8192, "predictions_per_s": 8192 / batched.median_s}
+    )
+    rows.append({"benchmark": "predictor", "batch": 1, "predictions_per_s": 1 / single.median_s})
+    lines = [
+        f"{hardware_description('cpu')}, one thread; trace: {len(trace)} requests of "
+        f"{len(trace.conversations)} ShareGPT conversations, footprint {footprint:,} tokens",
+        "",
+        "| benchmark | setting | requests or predictions / s | ratio vs LRU | hit ratio |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for row in rows:
+        if row["benchmark"] == "simulator":
+            lines.append(
+                f"| simulator {row['policy']} | {row['capacity_tokens']:,} tokens | "
+                f"{row['requests_per_s']:,.0f} | {1 / row['time_ratio_vs_lru']:.2f}x | "
+                f"{row['hit_ratio']:.3f} |"
+            )
+        else:
+            lines.append(
+                f"| predictor | batch {row['batch']} | {row['predictions_per_s']:,.0f} | - | - |"
+            )
+    markdown = "\n".join(lines) + "\n\n" + "\n".join(tables)
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench_lpc_cache.json").write_text(json.dumps(rows, indent=2) + "\n")
+        (out / "bench_lpc_cache.md").write_text(markdown)
+    return markdown

@@ -1,0 +1,118 @@
+"""Text encoders for the continuation predictor: anything with ``encode(texts) -> (N, D)``.
+
+* :class:`SentenceEncoder`: a sentence-transformers model (all-MiniLM-L6-v2 from benchdata in
+  place of the paper's multilingual-e5-small), with an optional on-disk cache keyed by the
+  SHA-256 of the model name and the text, so repeated runs embed each prompt once.
+* :class:`HashingEncoder`: a dependency-free bag-of-words feature hasher (tests, quick baselines).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import zlib
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+
+class TextEncoder(Protocol):
+    """``encode(texts)`` returns float32 ``(len(texts), dim)`` embeddings."""
+
+    dim: int
+
+    def encode(self, texts: list[str]) -> np.ndarray: ...
+
+
+class HashingEncoder:
+    """L2-normalised counts of lower-cased words hashed (CRC32) into ``dim`` buckets."""
+
+    def __init__(self, dim: int = 256) -> None:
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim}")
+        self.dim = dim
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for row, text in enumerate(texts):
+            for word in re.findall(r"\w+", text.lower()):
+                out[row, zlib.crc32(word.encode()) % self.dim] += 1.0
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        return out / np.maximum(norms, 1e-12)
+
+
+class SentenceEncoder:
+    """A sentence-transformers model truncated to ``max_tokens`` word pieces per text.
+
+    Args:
+        model: a ``SentenceTransformer`` (default: ``benchdata.minilm_encoder()``).
+        max_tokens: word pieces kept per text (the paper splits a 512-token budget over the
+            current and 4 previous prompts: about 100 each).
+        batch_size: texts per forward pass.
+        cache_dir: folder of an embedding cache (``<name>.npz``), or None.
+        name: model name in the cache keys.
+    """
+
+    def __init__(
+        self,
+        model=None,
+        *,
+        max_tokens: int = 102,
+        batch_size: int = 64,
+        cache_dir: str | Path | None = None,
+        name: str = "all-MiniLM-L6-v2",
+    ) -> None:
+        if model is None:
+            from benchdata import minilm_encoder
+
+            model = minilm_encoder()
+        self.model = model
+        self.model.max_seq_length = max_tokens
+        self.batch_size = batch_size
+        self.name = f"{name}@{max_tokens}"
+        dimension = (
+            getattr(model, "get_embedding_dimension", None)
+            or model.get_sentence_embedding_dimension
+        )
+        self.dim = int(dimension())
+        self.cache_path = (
+            None if cache_dir is None else Path(cache_dir) / f"{name}-{max_tokens}.npz"
+        )
+        self._cache: dict[str, np.ndarray] = {}
+        if self.cache_path is not None and self.cache_path.exists():
+            with np.load(self.cache_path) as stored:
+                self._cache = dict(zip(stored["keys"].tolist(), stored["vectors"], strict=True))
+
+    def _key(self, text: str) -> str:
+        return hashlib.sha256(f"{self.name}\0{text}".encode()).hexdigest()
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        import torch
+
+        keys = [self._key(t) for t in texts]
+        todo = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._cache}
+        if todo:
+            logger.info("embedding %d new texts with %s", len(todo), self.name)
+            with torch.inference_mode():
+                vectors = self.model.encode(
+                    list(todo.values()),
+                    batch_size=self.batch_size,
+                    convert_to_numpy=True,
+                    show_progress_bar=len(todo) > 2000,
+                )
+            self._cache.update(zip(todo, vectors.astype(np.float32), strict=True))
+            if self.cache_path is not None:
+                self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+                stored = list(self._cache)
+                np.savez(
+                    self.cache_path,
+                    keys=np.array(stored),
+                    vectors=np.stack([self._cache[k] for k in stored]),
+                )
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([self._cache[k] for k in keys]).astype(np.float32)

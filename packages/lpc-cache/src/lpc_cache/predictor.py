@@ -1,0 +1,294 @@
+"""The paper's conversation-continuation predictor: P(another user turn follows).
+
+Features of a request: embeddings of its user prompt and of the previous ``history`` (4) user
+prompts of the conversation (zeros where the conversation is shorter), and ``log(1 + turns)``,
+the number of user turns so far. Model: a 3-layer MLP (``hidden`` = 128 units, ReLU) giving a
+logit; class-weighted BCE (positives weighted by ``negatives / positives``), Adam, at most
+``epochs`` (20) epochs, the weights of the best validation loss kept (early stop after
+``patience`` epochs without improvement). Saved as ``model.safetensors`` + ``config.json``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from lpc_cache.encoders import TextEncoder
+from lpc_cache.trace import Trace
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PredictorConfig:
+    """Predictor architecture and training (defaults: the paper's).
+
+    Attributes:
+        embedding_dim: the text encoder's output size (384 for MiniLM).
+        history: previous user prompts in the features.
+        hidden: units of the two hidden layers.
+        epochs: maximum training epochs.
+        batch_size: examples per Adam step.
+        lr: Adam learning rate.
+        patience: stop after this many epochs without a better validation loss.
+        seed: initialisation and shuffling seed.
+    """
+
+    embedding_dim: int = 384
+    history: int = 4
+    hidden: int = 128
+    epochs: int = 20
+    batch_size: int = 128
+    lr: float = 1e-3
+    patience: int = 5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("embedding_dim", "hidden", "epochs", "batch_size", "patience"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.history < 0:
+            raise ValueError(f"history must be >= 0, got {self.history}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive number, got {self.lr}")
+
+    @property
+    def input_dim(self) -> int:
+        return self.embedding_dim * (self.history + 1) + 1
+
+
+def trace_features(trace: Trace, encoder: TextEncoder, history: int = 4) -> tuple:
+    """Features and labels of every request of ``trace``, in trace order.
+
+    Returns:
+        ``(x, y)``: float32 ``(N, dim·(history + 1) + 1)`` and float32 ``(N,)`` (1 = the
+        conversation continues).
+    """
+    missing = [i for i, r in enumerate(trace.requests) if r.user_text is None]
+    if missing:
+        raise ValueError(f"the predictor needs user_text; request {missing[0]} has none")
+    texts = list(dict.fromkeys(r.user_text for r in trace.requests))
+    row = {t: i for i, t in enumerate(texts)}
+    table = encoder.encode(texts)
+    if table.ndim != 2 or table.shape[0] != len(texts):
+        raise ValueError(f"encoder returned shape {table.shape} for {len(texts)} texts")
+    dim = table.shape[1]
+    by_conversation: dict[str, dict[int, int]] = defaultdict(dict)
+    for r in trace.requests:
+        by_conversation[r.conversation_id][r.turn] = row[r.user_text]
+    x = np.zeros((len(trace), dim * (history + 1) + 1), dtype=np.float32)
+    for i, r in enumerate(trace.requests):
+        turns = by_conversation[r.conversation_id]
+        for slot in range(history + 1):
+            k = turns.get(r.turn - slot)
+            if k is not None:
+                x[i, slot * dim : (slot + 1) * dim] = table[k]
+        x[i, -1] = math.log1p(r.turn + 1)
+    y = np.array([0.0 if r.last_turn else 1.0 for r in trace.requests], dtype=np.float32)
+    return x, y
+
+
+def continuation_mlp(config: PredictorConfig) -> nn.Sequential:
+    """The 3-layer MLP: ``(B, input_dim) -> (B, 1)`` logits."""
+    return nn.Sequential(
+        nn.Linear(config.input_dim, config.hidden),
+        nn.ReLU(),
+        nn.Linear(config.hidden, config.hidden),
+        nn.ReLU(),
+        nn.Linear(config.hidden, 1),
+    )
+
+
+def _check_xy(x: np.ndarray, y: np.ndarray | None, dim: int, what: str) -> None:
+    if x.ndim != 2 or x.shape[1] != dim:
+        raise ValueError(f"{what} features must have shape (N, {dim}), got {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{what} features contain NaN or inf")
+    if y is not None and (y.shape != (len(x),) or not np.all((y == 0) | (y == 1))):
+        raise ValueError(f"{what} labels must be 0/1 of shape ({len(x)},)")
+
+
+class ContinuationPredictor:
+    """Train, apply, save and load the continuation MLP.
+
+    Example:
+        >>> import numpy as np
+        >>> config = PredictorConfig(embedding_dim=4, history=0, epochs=3)
+        >>> rng = np.random.default_rng(0)
+        >>> x = rng.normal(size=(200, config.input_dim)).astype(np.float32)
+        >>> y = (x[:, 0] > 0).astype(np.float32)
+        >>> predictor = ContinuationPredictor(config)
+        >>> _ = predictor.fit(x[:150], y[:150], x[150:], y[150:])
+        >>> predictor.predict_proba(x[150:]).shape
+        (50,)
+    """
+
+    def __init__(self, config: PredictorConfig = PredictorConfig()) -> None:
+        self.config = config
+        torch.manual_seed(config.seed)
+        self.model = continuation_mlp(config)
+
+    def _loss(self, x: torch.Tensor, y: torch.Tensor, pos_weight: torch.Tensor) -> torch.Tensor:
+        logits = self.model(x).squeeze(-1)
+        return nn.functional.binary_cross_entropy_with_logits(logits, y, pos_weight=pos_weight)
+
+    def fit(
+        self, x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val: np.ndarray
+    ) -> dict:
+        """Train with class-weighted BCE and keep the best-validation weights.
+
+        Runs on one thread (restored afterwards): for a 128-unit MLP on small batches,
+        intra-op threading only adds synchronisation.
+
+        Returns:
+            ``{"train_loss": [...], "val_loss": [...], "best_epoch": int}`` (val_loss[0] is the
+            untrained model's).
+        """
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._fit(x_train, y_train, x_val, y_val)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _fit(self, x_train, y_train, x_val, y_val) -> dict:
+        cfg = self.config
+        for x, y, what in ((x_train, y_train, "train"), (x_val, y_val, "validation")):
+            _check_xy(x, y, cfg.input_dim, what)
+            if len(x) == 0:
+                raise ValueError(f"the {what} set is empty")
+        positives = float(y_train.sum())
+        if positives in (0.0, float(len(y_train))):
+            raise ValueError("the training labels must contain both classes")
+        pos_weight = torch.tensor((len(y_train) - positives) / positives)
+        xt, yt = torch.from_numpy(x_train), torch.from_numpy(y_train)
+        xv, yv = torch.from_numpy(x_val), torch.from_numpy(y_val)
+        optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
+        generator = torch.Generator().manual_seed(cfg.seed)
+        with torch.no_grad():
+            best = self._loss(xv, yv, pos_weight).item()
+        history = {"train_loss": [], "val_loss": [best], "best_epoch": 0}
+        best_state, waited = copy.deepcopy(self.model.state_dict()), 0
+        for epoch in range(1, cfg.epochs + 1):
+            self.model.train()
+            order = torch.randperm(len(xt), generator=generator)
+            total = 0.0
+            for start in range(0, len(xt), cfg.batch_size):
+                idx = order[start : start + cfg.batch_size]
+                loss = self._loss(xt[idx], yt[idx], pos_weight)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                total += loss.item() * len(idx)
+            self.model.eval()
+            with torch.no_grad():
+                val = self._loss(xv, yv, pos_weight).item()
+            history["train_loss"].append(total / len(xt))
+            history["val_loss"].append(val)
+            logger.info("epoch %d: train %.4f, validation %.4f", epoch, total / len(xt), val)
+            if val < best:
+                best, waited, history["best_epoch"] = val, 0, epoch
+                best_state = copy.deepcopy(self.model.state_dict())
+            else:
+                waited += 1
+                if waited >= cfg.patience:
+                    break
+        self.model.load_state_dict(best_state)
+        self.model.eval()
+        return history
+
+    @torch.no_grad()
+    def predict_proba(self, x: np.ndarray, batch_size: int = 8192) -> np.ndarray:
+        """P(continue) of float32 ``(N, input_dim)`` features -> float64 ``(N,)``."""
+        _check_xy(x, None, self.config.input_dim, "input")
+        self.model.eval()
+        out = [
+            torch.sigmoid(self.model(torch.from_numpy(x[i : i + batch_size])).squeeze(-1))
+            for i in range(0, len(x), batch_size)
+        ]
+        return torch.cat(out).double().numpy() if out else np.zeros(0)
+
+    def predict_trace(self, trace: Trace, encoder: TextEncoder) -> np.ndarray:
+        """P(continue) for every request of ``trace`` (trace order): LPC's probabilities."""
+        x, _ = trace_features(trace, encoder, self.config.history)
+        return self.predict_proba(x)
+
+    def save(self, directory: str | Path) -> Path:
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        save_file(self.model.state_dict(), directory / "model.safetensors")
+        (directory / "config.json").write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> ContinuationPredictor:
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        for name in ("config.json", "model.safetensors"):
+            if not (directory / name).is_file():
+                raise FileNotFoundError(f"no predictor {name} in {directory}")
+        predictor = cls(PredictorConfig(**json.loads((directory / "config.json").read_text())))
+        predictor.model.load_state_dict(load_file(directory / "model.safetensors"))
+        predictor.model.eval()
+        return predictor
+
+
+def mcc(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Matthews correlation coefficient of 0/1 labels and predictions (0 when undefined)."""
+    y_true, y_pred = np.asarray(y_true).astype(bool), np.asarray(y_pred).astype(bool)
+    tp = float(np.sum(y_true & y_pred))
+    tn = float(np.sum(~y_true & ~y_pred))
+    fp = float(np.sum(~y_true & y_pred))
+    fn = float(np.sum(y_true & ~y_pred))
+    denominator = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    return (tp * tn - fp * fn) / denominator if denominator else 0.0
+
+
+def roc_auc(y_true: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve (Mann-Whitney U, ties counted half)."""
+    y_true = np.asarray(y_true).astype(bool)
+    scores = np.asarray(scores, dtype=float)
+    n_pos, n_neg = int(y_true.sum()), int((~y_true).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("AUC needs both classes")
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores))
+    sorted_scores = scores[order]
+    i = 0
+    while i < len(scores):  # average ranks over ties
+        j = i
+        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[y_true].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def split_conversations(
+    conversation_ids: list[str], fractions: tuple[float, ...], seed: int = 0
+) -> list[list[str]]:
+    """Shuffle conversation ids (seeded) and cut them into groups of the given fractions (the
+    last group takes the rest)."""
+    if any(f < 0 for f in fractions) or sum(fractions) > 1 + 1e-9:
+        raise ValueError(f"fractions must be >= 0 and sum to at most 1, got {fractions}")
+    ids = list(conversation_ids)
+    np.random.default_rng(seed).shuffle(ids)
+    groups, start = [], 0
+    for fraction in fractions[:-1]:
+        end = start + round(fraction * len(ids))
+        groups.append(ids[start:end])
+        start = end
+    groups.append(ids[start:])
+    return groups

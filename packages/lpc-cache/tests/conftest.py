@@ -1,0 +1,47 @@
+"""Shared helpers: sequential replay of token prompts through a PrefixCache."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lpc_cache import Access, PrefixCache, block_hashes
+
+
+def next_uses(paths: list[list[int]]) -> list[list[float]]:
+    """For each request and block of its path, the index of the next request using the block."""
+    seen: dict[int, float] = {}
+    out: list[list[float]] = [[] for _ in paths]
+    for i in range(len(paths) - 1, -1, -1):
+        out[i] = [seen.get(h, math.inf) for h in paths[i]]
+        for h in paths[i]:
+            seen[h] = float(i)
+    return out
+
+
+def replay(prompts, policy, capacity_tokens, block_size=1, probabilities=None, continues=None):
+    """Serve prompts one after another (each released before the next arrives, at time i);
+    return (hit blocks per request, the cache)."""
+    cache = PrefixCache(capacity_tokens, block_size, policy)
+    paths = [block_hashes(p, block_size) for p in prompts]
+    future = next_uses(paths)
+    hits = []
+    for i, path in enumerate(paths):
+        access = Access(
+            index=i,
+            probability=None if probabilities is None else probabilities[i],
+            continues=None if continues is None else continues[i],
+            next_use=future[i],
+        )
+        lease = cache.acquire_hashes(path, float(i), access)
+        hits.append(lease.hit_blocks)
+        cache.check_invariants()
+        cache.release(lease, float(i))
+        cache.check_invariants()
+    return hits, cache
+
+
+@pytest.fixture(scope="session")
+def sequential():
+    return replay

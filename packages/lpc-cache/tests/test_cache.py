@@ -1,0 +1,139 @@
+"""The radix prefix cache: matching, sharing, pinning, LRU on a tree, invariants (hypothesis)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lpc_cache import Access, PrefixCache, block_hashes, make_policy
+
+
+def test_match_counts_full_blocks_only():
+    cache = PrefixCache(64, block_size=4)
+    cache.release(cache.acquire(list(range(10))))  # 2 full blocks stored, 2 tokens dropped
+    assert len(cache) == 2
+    assert cache.match(list(range(10))) == 8
+    assert cache.match(list(range(7))) == 4  # the second block is not complete
+    assert cache.match([0, 1, 2, 3, 9, 9, 9, 9]) == 4  # diverges in block 2
+    assert cache.match([1, 0, 2, 3]) == 0
+
+
+def test_block_hashes_chain_whole_prefix():
+    a = block_hashes([1, 2, 3, 4, 5, 6], 2)
+    b = block_hashes([9, 9, 3, 4, 5, 6], 2)
+    assert len(a) == 3
+    assert a[0] != b[0]
+    assert a[1] != b[1]  # same tokens, different prefix: a different block
+    assert block_hashes([3, 4, 5, 6], 2, a[0]) == a[1:]
+
+
+def test_shared_system_prompt_stored_once():
+    system = list(range(100, 132))  # 8 blocks of 4
+    cache = PrefixCache(10_000, block_size=4)
+    for user in range(5):
+        lease = cache.acquire(system + [user] * 8)
+        assert lease.hit_blocks == (0 if user == 0 else 8)
+        cache.release(lease)
+    assert len(cache) == 8 + 5 * 2  # the system prompt once, two private blocks per user
+
+
+def test_lru_on_radix_tree_known_answer():
+    """Capacity 4 one-token blocks; the answers are worked out by hand.
+
+    t0 A=[1,2], t1 B=[1,3] (hits 1), t2 C=[4,5]: one slot short, the LRU leaf 2 (t0) goes; 1
+    still has child 3. t3 D=[1,2]: hits 1 (now pinned), needs a slot: leaves 3 (t1) and 5 (t2),
+    3 goes. t4 E=[6,7,8] needs 3: leaf 5 (t2) goes, which makes 4 (t2) a leaf older than 2 (t3),
+    so 4 goes next, then 2; 1 stays.
+    """
+    cache = PrefixCache(4, block_size=1, policy="lru")
+    for t, prompt in enumerate([[1, 2], [1, 3], [4, 5]]):
+        cache.release(cache.acquire(prompt, now=float(t)), now=float(t))
+    assert [cache.match(p) for p in ([1, 2], [1, 3], [4, 5])] == [1, 2, 2]
+    assert cache.evictions == 1
+    lease = cache.acquire([1, 2], now=3.0)
+    assert lease.hit_blocks == 1
+    cache.release(lease, now=3.0)
+    assert [cache.match(p) for p in ([1, 2], [1, 3], [4, 5])] == [2, 1, 2]
+    cache.release(cache.acquire([6, 7, 8], now=4.0), now=4.0)
+    assert [cache.match(p) for p in ([1, 2], [4], [6, 7, 8])] == [1, 0, 3]
+    assert cache.evictions == 5
+
+
+def test_pinned_blocks_are_never_evicted():
+    cache = PrefixCache(4, block_size=1)
+    running = cache.acquire([1, 2, 3], now=0.0)  # pinned until released
+    other = cache.acquire([7, 8, 9], now=1.0)  # one free slot: stores 7, then stops
+    assert other.complete is False
+    assert len(other.blocks) == 1
+    assert cache.match([1, 2, 3]) == 3
+    cache.release(other, now=1.0)
+    cache.release(running, now=2.0)
+    third = cache.acquire([5, 6], now=3.0)  # now 7 (t=1) then 3 (t=2) go
+    assert third.complete
+    assert cache.match([1, 2, 3]) == 2
+    assert cache.match([7]) == 0
+    cache.release(third)
+
+
+def test_zero_capacity_stores_nothing():
+    cache = PrefixCache(15, block_size=16)
+    lease = cache.acquire(list(range(64)))
+    assert lease.hit_blocks == 0
+    assert not lease.complete
+    assert len(cache) == 0
+    cache.release(lease)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"capacity_tokens": -1}, "capacity_tokens"),
+        ({"capacity_tokens": 10, "block_size": 0}, "block_size"),
+        ({"capacity_tokens": 10, "policy": "mru"}, "unknown policy"),
+    ],
+)
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PrefixCache(**kwargs)
+    with pytest.raises(TypeError, match="policy"):
+        PrefixCache(10, policy=object())
+
+
+requests = st.lists(
+    st.tuples(
+        st.lists(st.integers(0, 3), min_size=1, max_size=7),  # prompt tokens (tree of width 4)
+        st.booleans(),  # release before the next request?
+        st.floats(0.0, 1.0),  # continuation probability
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    requests=requests,
+    capacity=st.integers(0, 12),
+    name=st.sampled_from(["lru", "lfu", "fifo", "lpc", "oracle", "belady"]),
+)
+def test_invariants_under_random_overlapping_requests(requests, capacity, name):
+    """Capacity never exceeded, every cached block's parent cached, child counts exact, and a
+    block pinned by a running request is never evicted, whatever the policy and interleaving."""
+    cache = PrefixCache(capacity, block_size=1, policy=make_policy(name))
+    running = []
+    for t, (prompt, release_now, p) in enumerate(requests):
+        path = block_hashes(prompt, 1)
+        access = Access(t, p, p > 0.5, [float(t + 1)] * len(path))
+        lease = cache.acquire_hashes(path, float(t), access)
+        running.append(lease)
+        for held in running:  # every pinned block is still cached
+            assert all(cache.blocks.get(b.key) is b for b in held.blocks)
+        cache.check_invariants()
+        if release_now or len(running) > 3:
+            cache.release(running.pop(0), float(t))
+            cache.check_invariants()
+    for lease in running:
+        cache.release(lease, float(len(requests)))
+    cache.check_invariants()
+    assert all(b.pins == 0 for b in cache.blocks.values())

@@ -1,0 +1,98 @@
+"""Package-level checks: README example, lean import, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lpc_cache
+from kernels_common.testing import import_footprint, run_markdown_python
+from lpc_cache.__main__ import main
+
+README = Path(__file__).parents[1] / "README.md"
+
+
+def test_readme_example_runs():
+    run_markdown_python(README)
+
+
+def test_import_is_lean():
+    footprint = import_footprint(
+        "import lpc_cache", watch=["triton", "sentence_transformers", "benchdata", "matplotlib"]
+    )
+    assert not any(footprint[name] for name in ("triton", "sentence_transformers", "benchdata"))
+    assert not footprint["matplotlib"]
+    assert not footprint["cuda"]
+
+
+def _write_trace(path: Path) -> Path:
+    convs = []
+    for c in range(30):
+        turns = []
+        for k in range(1 + c % 4):
+            turns.append({"role": "user", "text": f"question {c} {k} " + "q" * (c % 7) * 9})
+            turns.append({"role": "assistant", "text": "answer " + "a" * (20 + c)})
+        convs.append(turns)
+    trace = lpc_cache.build_trace(
+        convs, lambda texts: [[ord(ch) for ch in t] for t in texts], lpc_cache.TraceConfig()
+    )
+    return lpc_cache.save_trace(trace, path)
+
+
+def test_cli_simulate_json(tmp_path, capsys):
+    path = _write_trace(tmp_path / "t.jsonl")
+    assert (
+        main(
+            [
+                "simulate",
+                "--trace",
+                str(path),
+                "--policy",
+                "lru",
+                "--capacity-tokens",
+                "2000",
+                "--block-size",
+                "8",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    result = json.loads(capsys.readouterr().out)
+    expected = lpc_cache.simulate(lpc_cache.load_trace(path), "lru", 2000, block_size=8)
+    assert result["hit_ratio"] == pytest.approx(expected.hit_ratio)
+    assert {"hit_ratio", "request_hit_ratio", "evictions"} <= set(result)
+    assert 0 < result["hit_ratio"] < 1
+
+
+def test_cli_sweep_and_lpc_needs_a_predictor(tmp_path, capsys):
+    path = _write_trace(tmp_path / "t.jsonl")
+    args = [
+        "sweep",
+        "--trace",
+        str(path),
+        "--capacities",
+        "500,2000,8000",
+        "--out",
+        str(tmp_path / "sweep"),
+        "--policies",
+        "lru,belady",
+    ]
+    assert main(args) == 0
+    data = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    for lru, belady in zip(data["lru"], data["belady"], strict=True):
+        assert belady["hit_ratio"] >= lru["hit_ratio"] - 1e-12
+    assert (tmp_path / "sweep" / "hit_ratio.png").exists()
+    with pytest.raises(SystemExit, match="--predictor"):
+        main(["simulate", "--trace", str(path), "--policy", "lpc", "--capacity-tokens", "10"])
+
+
+def test_cli_help_and_version():
+    with pytest.raises(SystemExit) as exit_info:
+        main(["reproduce", "--help"])
+    assert exit_info.value.code == 0
+    assert lpc_cache.__version__ == "0.1.0"
+    assert np.isfinite(lpc_cache.ServingModel().prefill_s_per_token)
