@@ -1,10 +1,11 @@
 /* Bit-parallel evaluation of a discretized logic gate network: 64 samples per uint64 word.
- * Blocks of BLOCK_WORDS words run through every layer while they stay in cache; each class
- * group's popcount per sample is accumulated in bit-sliced counters (a ripple adder per word). */
+ * Blocks of BLOCK_WORDS words (256 samples) are packed from the boolean input rows and run
+ * through every layer while they stay in cache; each class group's popcount per sample is
+ * accumulated in bit-sliced counters (a ripple adder per word). */
 #include <stdint.h>
 #include <string.h>
 
-#define BLOCK_WORDS 8
+#define BLOCK_WORDS 4
 #define MAX_PLANES 40
 
 #define GATE_CASE(id, expr)                                   \
@@ -16,7 +17,7 @@
         }                                                     \
         break;
 
-void dlgn_eval(const uint64_t *x, int64_t in_dim, int64_t words, int64_t n_layers,
+void dlgn_eval(const uint8_t *x, int64_t in_dim, int64_t words, int64_t n_layers,
                const int64_t *widths, const int64_t *idx_a, const int64_t *idx_b,
                const uint8_t *gates, int64_t k, int64_t batch, int64_t *counts,
                uint64_t *buf_a, uint64_t *buf_b) {
@@ -25,9 +26,17 @@ void dlgn_eval(const uint64_t *x, int64_t in_dim, int64_t words, int64_t n_layer
     for (int64_t w0 = 0; w0 < words; w0 += BLOCK_WORDS) {
         const int64_t nw = words - w0 < BLOCK_WORDS ? words - w0 : BLOCK_WORDS;
         uint64_t *src = buf_a, *dst = buf_b;
-        for (int64_t i = 0; i < in_dim; i++)
-            for (int j = 0; j < BLOCK_WORDS; j++)
-                src[i * BLOCK_WORDS + j] = j < nw ? x[i * words + w0 + j] : 0;
+        for (int64_t j = 0; j < BLOCK_WORDS; j++) {
+            const int64_t first = (w0 + j) * 64;
+            const int64_t n = j >= nw ? 0 : (batch - first < 64 ? batch - first : 64);
+            const uint8_t *rows = x + first * in_dim;
+            for (int64_t i = 0; i < in_dim; i++) {
+                uint64_t word = 0;
+                for (int64_t bit = 0; bit < n; bit++)
+                    word |= (uint64_t)(rows[bit * in_dim + i] != 0) << bit;
+                src[i * BLOCK_WORDS + j] = word;
+            }
+        }
         int64_t off = 0;
         for (int64_t l = 0; l < n_layers; l++) {
             const int64_t n = widths[l + 1];
@@ -86,3 +95,5 @@ void dlgn_eval(const uint64_t *x, int64_t in_dim, int64_t words, int64_t n_layer
         }
     }
 }
+
+int64_t dlgn_block_words(void) { return BLOCK_WORDS; }

@@ -77,4 +77,5 @@ def load_evaluator() -> ctypes.CDLL:
         os.replace(partial, library)  # atomic: concurrent builders never see a partial file
     lib = ctypes.CDLL(str(library))
     lib.dlgn_eval.restype = None
+    lib.dlgn_block_words.restype = ctypes.c_int64
     return lib

@@ -6,9 +6,9 @@ output removed. Inputs are bit-packed sample-wise (bit ``j`` of word ``w`` of in
 sample ``64·w + j``), every gate becomes one bitwise operation per word, and each class's group
 count is a per-sample popcount. Two engines compute the same thing:
 
-* ``"c"``: a small C evaluator compiled once with the system compiler (blocks of 512 samples run
-  through all layers in cache, bit-sliced group counters); the faster one, chosen by default
-  when a compiler exists;
+* ``"c"``: a small C evaluator compiled once with the system compiler (it packs the Boolean
+  rows itself, runs blocks of 256 samples through all layers in cache, and counts with
+  bit-sliced adders); the faster one, chosen by default when a compiler exists;
 * ``"numpy"``: vectorized numpy over whole layers, no compiler needed.
 
 Scores equal the torch eval-mode network's bit for bit: both divide the same integer counts by
@@ -109,10 +109,9 @@ class CompiledLogicNet:
         batch = x.shape[0]
         if batch == 0:
             return np.zeros((0, self.num_classes), dtype=np.int64)
-        packed = _pack(x)
         if self.engine == "c":
-            return self._counts_c(packed, batch)
-        return self._counts_numpy(packed, batch)
+            return self._counts_c(np.ascontiguousarray(x), batch)
+        return self._counts_numpy(_pack(x), batch)
 
     def scores(self, x_bool: np.ndarray | torch.Tensor) -> torch.Tensor:
         """``(B, num_classes)`` float32 class scores, equal to the eval-mode network's."""
@@ -139,7 +138,7 @@ class CompiledLogicNet:
         groups = bits.reshape(self.num_classes, -1, batch)
         return groups.sum(axis=1, dtype=np.int64).T.copy()
 
-    def _counts_c(self, packed: np.ndarray, batch: int) -> np.ndarray:
+    def _counts_c(self, x: np.ndarray, batch: int) -> np.ndarray:
         from dlgn_gumbel.cbuild import load_evaluator
 
         lib = load_evaluator()
@@ -147,18 +146,17 @@ class CompiledLogicNet:
         idx_a = np.ascontiguousarray(np.concatenate([layer.idx_a for layer in self.layers]))
         idx_b = np.ascontiguousarray(np.concatenate([layer.idx_b for layer in self.layers]))
         gates = np.ascontiguousarray(np.concatenate([layer.gates for layer in self.layers]))
-        words = packed.shape[1]
-        block = 8  # BLOCK_WORDS in _ceval.c
+        words = -(-batch // 64)
+        block = lib.dlgn_block_words()
         buf_a = np.empty(int(widths.max()) * block, dtype=np.uint64)
         buf_b = np.empty_like(buf_a)
         counts = np.zeros((batch, self.num_classes), dtype=np.int64)
-        packed = np.ascontiguousarray(packed)
 
         def ptr(array: np.ndarray) -> ctypes.c_void_p:
             return array.ctypes.data_as(ctypes.c_void_p)
 
         lib.dlgn_eval(
-            ptr(packed),
+            ptr(x),
             ctypes.c_int64(self.in_dim),
             ctypes.c_int64(words),
             ctypes.c_int64(len(self.layers)),
