@@ -78,3 +78,27 @@ def test_cli_train_then_compile(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "test accuracy" in printed
     assert "images/s" in printed
+
+
+def test_reproduce_pipeline_tiny(tmp_path):
+    from dlgn_gumbel.reproduce import ReproduceSettings, _reduction, _time_to, run
+    from kernels_common.results import ReproduceResults
+
+    assert _reduction(0.2, 0.05) == pytest.approx(75.0)
+    assert _reduction(0.02, -0.04) == pytest.approx(-100.0)  # a gap of the other sign grew
+    history = [
+        {"discrete_acc": 0.3, "train_time_s": 1.0},
+        {"discrete_acc": 0.6, "train_time_s": 2.0},
+    ]
+    assert _time_to(history, 0.5) == 2.0
+    assert _time_to(history, 0.7) == float("inf")
+    tiny = ReproduceSettings(
+        train_subset=600, test_subset=200, layer_sizes=(200, 100), budget_s=1.0, eval_every=5
+    )
+    results = run(tmp_path, settings=tiny)
+    loaded = ReproduceResults.load(tmp_path)
+    assert [c.name for c in loaded.claims] == [c.name for c in results.claims]
+    exact = next(c for c in results.claims if c.name.startswith("compiled =="))
+    assert exact.passed
+    assert (tmp_path / "summary.md").is_file()
+    assert all((tmp_path / f).is_file() for f in results.figures)

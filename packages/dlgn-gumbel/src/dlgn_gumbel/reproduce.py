@@ -67,20 +67,39 @@ def _time_to(history: list[dict[str, float]], target: float) -> float:
 
 
 def _reduction(before: float, after: float) -> float:
-    """Relative reduction in % (100 = removed entirely); a gap that was <= 0 cannot shrink."""
-    if before <= 0:
+    """Relative reduction of a magnitude in % (100 = removed entirely, negative = grew); compares
+    absolute values, so a gap of the other sign counts by its size."""
+    before, after = abs(before), abs(after)
+    if before == 0:
         return float("nan")
     return 100.0 * (before - after) / before
 
 
-def run(out: Path, *, quick: bool = True, threads: int = 0) -> ReproduceResults:
-    """Train both relaxations, write plots, ``results.json`` and ``summary.md`` into ``out``."""
+def run(
+    out: Path,
+    *,
+    quick: bool = True,
+    threads: int = 0,
+    settings: ReproduceSettings | None = None,
+) -> ReproduceResults:
+    """Train both relaxations, write plots, ``results.json`` and ``summary.md`` into ``out``.
+
+    ``settings`` overrides the quick/full sizes (tests use a tiny run)."""
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or 1)
+    try:
+        return _run(out, quick, settings)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run(out: Path, quick: bool, settings: ReproduceSettings | None) -> ReproduceResults:
     from kernels_common.plotting import plot_curves
 
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(threads or 1)
-    settings = QUICK if quick else FULL
+    if settings is None:
+        settings = QUICK if quick else FULL
     full_data = load_images("fashion-mnist")
     data = full_data.subset(settings.train_subset, settings.test_subset)
     runs: dict[str, TrainResult] = {}

@@ -190,7 +190,10 @@ def train(
     clock = time.process_time if config.clock == "process" else time.perf_counter
     loss_sum, loss_count = 0.0, 0
     bar = tqdm(
-        total=config.steps, initial=result.steps, disable=not progress, desc=config.relaxation
+        total=config.steps if config.time_budget_s is None else None,
+        initial=result.steps,
+        disable=not progress,
+        desc=config.relaxation,
     )
 
     def checkpoint() -> None:
