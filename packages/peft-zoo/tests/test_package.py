@@ -1,0 +1,117 @@
+"""Package-level checks: README example, lean import, CLI, the trainer on the tiny model."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import peft_zoo as pz
+import pytest
+import torch
+from peft_zoo.data import ByteTokenizer, arithmetic_problems, corrupt, lm_batch, qa_batch
+from peft_zoo.models import tiny_llama
+from peft_zoo.trainer import TrainSettings, build_learner, exact_match, perplexity, train
+
+from kernels_common.testing import import_footprint, run_markdown_python
+
+README = Path(__file__).parents[1] / "README.md"
+
+
+def test_readme_example_runs():
+    run_markdown_python(README)
+
+
+def test_import_is_lean():
+    footprint = import_footprint("import torch, peft_zoo", watch=["triton", "peft", "benchdata"])
+    assert not footprint["triton"]
+    assert not footprint["peft"]
+    assert not footprint["benchdata"]
+    assert not footprint["cuda"]
+
+
+def test_cli_train_tiny(capsys, tmp_path):
+    from peft_zoo.__main__ import main
+
+    command = ["train", "--method", "capt", "--model", "tiny", "--task", "arithmetic"]
+    options = ["--steps", "2", "--eval-size", "2", "--batch-size", "2", "--save", str(tmp_path)]
+    code = main(command + options)
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert report["trainable"] == 64  # one task vector of the width-64 tiny model
+    assert len(report["losses"]) == 2
+    assert 0.0 <= report["em_after"] <= 1.0
+    assert (tmp_path / "adapter_model.safetensors").is_file()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["reproduce", "--help"])
+    assert exit_info.value.code == 0
+    assert pz.__version__ == "0.1.0"
+
+
+def test_batches_mask_context_and_padding():
+    tok = ByteTokenizer()
+    batch = qa_batch(tok, [("Q: 1+1?", " 2"), ("Q: 10+1?", " 11")])
+    for row, (question, answer) in enumerate([("Q: 1+1?", " 2"), ("Q: 10+1?", " 11")]):
+        n_q, n_a = len(question), len(answer) + 1  # + end of sequence
+        assert batch.context_mask[row].sum() == n_q
+        assert batch.attention_mask[row].sum() == n_q + n_a
+        labels = batch.labels[row][batch.labels[row] != -100].tolist()
+        assert labels == [*answer.encode(), tok.eos_token_id]
+    lm = lm_batch(tok, ["abcdefgh", "abc"], max_len=6, context_len=2)
+    assert lm.input_ids.shape == (2, 6)
+    assert (lm.labels[0] != -100).sum() == 4
+
+
+def test_generated_tasks_are_seeded_and_correct():
+    problems = arithmetic_problems(50, seed=3)
+    assert problems == arithmetic_problems(50, seed=3)
+    for question, answer in problems:
+        numbers = [int(n) for n in re.findall(r"\d+", question)]
+        expected = numbers[0] + numbers[1] if "more" in question else numbers[0] - numbers[1]
+        assert int(answer) == expected
+    texts = [f"text number {i} with some words" for i in range(40)]
+    noisy = corrupt(texts, 0.2, 0.3, seed=0)
+    assert sum(a != b for a, b in zip(texts, noisy, strict=True)) == 8
+
+
+def test_trainer_counts_and_lope_two_stages():
+    model, tok = tiny_llama()
+    settings = TrainSettings(
+        steps=4, batch_size=2, num_virtual_tokens=4, ptmoe_rank=3, lope_stage1_fraction=0.5
+    )
+    h, _layers = 64, 2
+    learner = build_learner("ptmoe", copy.deepcopy(model), tok, settings)
+    assert learner.trainable == 2 * 4 * 3 + 3 * h + 2 * h + 2
+    lope = build_learner("lope", copy.deepcopy(model), tok, settings)
+    layer = lope.model.lope_layers()[0]
+    texts = ["some text to learn from"] * 8
+    make = lambda t: lm_batch(tok, t, 16, 2)  # noqa: E731
+    snapshots = []
+    original_step = lope.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        out = original_step(*args, **kwargs)
+        snapshots.append((layer.lope_B_D.detach().clone(), layer.lope_B.detach().clone()))
+        return out
+
+    lope.optimizer.step = recording_step
+    train(lope, texts, make, settings, progress=False)
+    b_d = [s[0] for s in snapshots]
+    b = [s[1] for s in snapshots]
+    assert not torch.equal(b_d[0], torch.zeros_like(b_d[0]))  # stage I trains B_D...
+    assert torch.equal(b[1], torch.zeros_like(b[1]))  # ...not the normal experts
+    assert torch.equal(b_d[1], b_d[3])  # stage II: B_D frozen
+    assert not torch.equal(b[3], b[1])  # and the experts learn
+    assert perplexity(lope, [make(texts[:2])]) > 1.0
+    assert exact_match(lope, tok, arithmetic_problems(2, 0), max_new_tokens=2) in (0.0, 0.5, 1.0)
+
+
+def test_unknown_method_and_model():
+    model, tok = tiny_llama()
+    with pytest.raises(ValueError, match="unknown method 'dora'"):
+        build_learner("dora", model, tok, TrainSettings())
+    from peft_zoo.models import load_model
+
+    with pytest.raises(ValueError, match="unknown model 'gpt5'"):
+        load_model("gpt5")
