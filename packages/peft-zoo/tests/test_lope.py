@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import copy
 
-import peft_zoo as pz
 import pytest
 import torch
 from helpers import batch, tiny_model
+
+import peft_zoo as pz
 
 # float32, same math in a different order: 1e-5 absolute on outputs of size ~1
 ATOL = 1e-5

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
-import peft_zoo as pz
 import pytest
 import torch
+
+import peft_zoo as pz
 
 
 def params(seed: int = 0) -> list[torch.nn.Parameter]:

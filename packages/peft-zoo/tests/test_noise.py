@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import random
 
-import peft_zoo as pz
 import pytest
 import torch
 from helpers import tiny_model
+
+import peft_zoo as pz
 
 
 def test_char_noise_rate_zero_is_identity_and_rate_changes_length_as_expected():

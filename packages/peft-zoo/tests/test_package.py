@@ -7,14 +7,14 @@ import json
 import re
 from pathlib import Path
 
-import peft_zoo as pz
 import pytest
 import torch
+
+import peft_zoo as pz
+from kernels_common.testing import import_footprint, run_markdown_python
 from peft_zoo.data import ByteTokenizer, arithmetic_problems, corrupt, lm_batch, qa_batch
 from peft_zoo.models import tiny_llama
 from peft_zoo.trainer import TrainSettings, build_learner, exact_match, perplexity, train
-
-from kernels_common.testing import import_footprint, run_markdown_python
 
 README = Path(__file__).parents[1] / "README.md"
 

@@ -7,10 +7,11 @@ import copy
 import warnings
 
 import peft
-import peft_zoo as pz
 import pytest
 import torch
 from helpers import CAUSAL, batch, tiny_model
+
+import peft_zoo as pz
 
 
 @pytest.mark.parametrize("kind", CAUSAL)

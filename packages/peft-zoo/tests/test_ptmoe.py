@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import copy
 
-import peft_zoo as pz
 import pytest
 import torch
 from helpers import batch, left_pad, tiny_model
+
+import peft_zoo as pz
 
 # float32 forward passes of the same math in a different order: agreement to 1e-5 (logits ~1)
 ATOL = 1e-5

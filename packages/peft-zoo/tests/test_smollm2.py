@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import peft_zoo as pz
 import pytest
 import torch
+
+import peft_zoo as pz
 
 
 @pytest.mark.slow
