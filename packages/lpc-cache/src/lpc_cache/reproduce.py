@@ -133,6 +133,7 @@ def run(
         test, factories, caps, block_size=settings.block_size, probabilities=probabilities
     )
     gains = _gains(caps, curves, "lpc", "lru")
+    oracle = _gains(caps, curves, "oracle", "lru")  # LPC with a perfect predictor: the headroom
     # the serving comparison: the capacity where LRU's hit ratio is closest to the paper's 35%
     lru_hits = np.array([r.hit_ratio for r in curves["lru"]])
     j = int(np.argmin(np.abs(lru_hits - settings.paper_lru_hit_ratio)))
@@ -216,7 +217,9 @@ def run(
         f"conversations ({len(train)} requests; best epoch {history['best_epoch']}): test MCC "
         f"{test_mcc:.3f}, AUC {test_auc:.3f}, continuation rate {y_test.mean():.2f}. "
         f"Capacity saving over the sweep: {_span(gains['capacity_saving'])}; hit-ratio gain: "
-        f"{_span(gains['hit_gain'])}. At {caps[j]:,} tokens (LRU hit ratio "
+        f"{_span(gains['hit_gain'])}; with a perfect predictor (Oracle) the saving reaches "
+        f"{max(oracle['capacity_saving'], default=math.nan):.1%} and the gain "
+        f"{max(oracle['hit_gain'], default=math.nan):+.1%}. At {caps[j]:,} tokens (LRU hit ratio "
         f"{serve_lru.hit_ratio:.3f}, LPC {serve_lpc.hit_ratio:.3f}) emulated prefill throughput "
         f"{serve_lru.prefill_throughput:.2f} -> {serve_lpc.prefill_throughput:.2f} req/s."
     )
@@ -235,6 +238,7 @@ def run(
             "predictions_per_s": len(x_test) / predict_s,
             "simulator_requests_per_s": speed,
             "gains": gains,
+            "oracle_gains": oracle,
         },
         elapsed_s=time.perf_counter() - started,
     )
