@@ -19,6 +19,14 @@ def test_match_counts_full_blocks_only():
     assert cache.match([1, 0, 2, 3]) == 0
 
 
+def test_insert_returns_the_cached_prefix():
+    cache = PrefixCache(64, block_size=4)
+    assert cache.insert([1, 2, 3, 4, 5, 6, 7, 8, 9]) == 0
+    assert cache.insert([1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0]) == 8
+    assert len(cache) == 3
+    assert all(block.pins == 0 for block in cache.blocks.values())
+
+
 def test_block_hashes_chain_whole_prefix():
     a = block_hashes([1, 2, 3, 4, 5, 6], 2)
     b = block_hashes([9, 9, 3, 4, 5, 6], 2)

@@ -87,8 +87,9 @@ class PrefixCache:
         capacity_tokens: the cache holds at most ``capacity_tokens // block_size`` blocks.
         block_size: tokens per block (vLLM's default 16).
         policy: an :class:`~lpc_cache.policies.EvictionPolicy` or its name
-            (``"lru" | "lfu" | "fifo" | "belady" | "oracle"``; LPC needs probabilities, build it
-            with :class:`~lpc_cache.policies.LPCPolicy`).
+            (``"lru" | "lfu" | "fifo" | "belady" | "oracle" | "lpc"``). Belady, Oracle and LPC
+            read what they need (next uses, continuation, probability) from the
+            :class:`~lpc_cache.policies.Access` passed with each request.
 
     Example:
         >>> cache = PrefixCache(capacity_tokens=64, block_size=4, policy="lru")
@@ -141,6 +142,15 @@ class PrefixCache:
         return self.match_hashes(block_hashes(tokens, self.block_size)) * self.block_size
 
     # --- requests ------------------------------------------------------------------------------
+    def insert(
+        self, tokens: Sequence[int] | np.ndarray, now: float = 0.0, access: Access | None = None
+    ) -> int:
+        """Serve a request that ends at once (acquire, then release): returns the length in
+        tokens of the prefix that was already cached; the prompt's full blocks are stored."""
+        lease = self.acquire(tokens, now, access)
+        self.release(lease, now)
+        return lease.hit_blocks * self.block_size
+
     def acquire(
         self, tokens: Sequence[int] | np.ndarray, now: float = 0.0, access: Access | None = None
     ) -> Lease:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -180,8 +181,6 @@ def simulate(
         serving: the emulated serving costs.
         store_replies: store the reply's blocks when a request ends (as serving engines do).
     """
-    import time
-
     start = time.perf_counter()
     policy = make_policy(policy) if isinstance(policy, str) else policy
     prepared = prepare(trace, block_size)
