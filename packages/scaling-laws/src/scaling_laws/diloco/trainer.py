@@ -1,0 +1,299 @@
+"""DiLoCo (and data-parallel) training on ``torch.distributed``.
+
+Each process is one replica (M = world size). DiLoCo: every replica runs AdamW for H inner steps on
+its own data shard; then the pseudo-gradient ``Δ = mean_m (θ_global − θ_m)`` is all-reduced, an
+outer SGD step with Nesterov momentum updates ``θ_global`` and every replica restarts from it. The
+inner AdamW states stay per replica. Data-parallel: gradients are all-reduced (averaged) every step
+and one AdamW step is taken on identical replicas. Without an initialised process group the
+trainer runs as a single replica (M = 1) with no communication.
+
+``communicated_bytes`` counts the payload each replica hands to ``all_reduce`` (the size of the
+flattened fp32 buffer); a ring all-reduce moves about ``2 (M − 1) / M`` times that per replica.
+
+Example:
+    >>> import torch
+    >>> from scaling_laws import DiLoCoConfig, DiLoCoTrainer
+    >>> model = torch.nn.Linear(4, 1)
+    >>> def loss_fn(model, batch):
+    ...     x, y = batch
+    ...     return torch.nn.functional.mse_loss(model(x), y)
+    >>> def batch_fn(step, rank, generator):
+    ...     x = torch.randn(8, 4, generator=generator)
+    ...     return x, x.sum(1, keepdim=True)
+    >>> trainer = DiLoCoTrainer(
+    ...     model, loss_fn, DiLoCoConfig(total_steps=20, inner_steps=5, inner_lr=1e-2)
+    ... )
+    >>> losses = trainer.fit(batch_fn)
+    >>> trainer.step, trainer.outer_steps
+    (20, 4)
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from scaling_laws.diloco.checkpoint import (
+    merge_optimizer_state,
+    read_json,
+    split_optimizer_state,
+    write_json,
+)
+from scaling_laws.diloco.config import DiLoCoConfig
+
+__all__ = ["DiLoCoTrainer", "latest_checkpoint"]
+
+logger = logging.getLogger(__name__)
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+BatchFn = Callable[[int, int, torch.Generator], Any]
+CHECKPOINT_FORMAT = 1
+
+
+def latest_checkpoint(directory: str | Path) -> Path | None:
+    """The most advanced complete checkpoint (``step_*`` folder with ``meta.json``) or None."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    done = [p for p in directory.glob("step_*") if (p / "meta.json").exists()]
+    return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
+
+
+class DiLoCoTrainer:
+    """One replica of a DiLoCo (or data-parallel) run.
+
+    Args:
+        model: any ``nn.Module``; its parameters are broadcast from rank 0 at construction so all
+            replicas start identical.
+        loss_fn: ``loss_fn(model, batch) -> scalar tensor`` (mean loss of this replica's batch).
+        config: :class:`DiLoCoConfig`.
+        group: process group (default: the world, when initialised).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        config: DiLoCoConfig,
+        *,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        if not isinstance(config, DiLoCoConfig):
+            raise TypeError(f"config must be a DiLoCoConfig, got {type(config).__name__}")
+        self.model, self.loss_fn, self.config, self.group = model, loss_fn, config, group
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.world_size = dist.get_world_size(group) if self.distributed else 1
+        self.rank = dist.get_rank(group) if self.distributed else 0
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+        if self.distributed:
+            for tensor in [*self.params, *model.buffers()]:
+                dist.broadcast(tensor.data, src=dist.get_global_rank(group, 0) if group else 0)
+        self.inner = torch.optim.AdamW(
+            self.params,
+            lr=config.inner_lr,
+            betas=config.inner_betas,
+            weight_decay=config.inner_weight_decay,
+        )
+        self.global_params: list[torch.Tensor] = []
+        self.outer: torch.optim.SGD | None = None
+        if config.algorithm == "diloco":
+            self.global_params = [p.detach().clone() for p in self.params]
+            self.outer = torch.optim.SGD(
+                self.global_params,
+                lr=config.outer_lr,
+                momentum=config.outer_momentum,
+                nesterov=config.nesterov,
+            )
+        self.generator = torch.Generator().manual_seed(config.seed + self.rank)
+        self.step = 0
+        self.outer_steps = 0
+        self.communicated_bytes = 0
+
+    # -- communication -------------------------------------------------------------------------
+    def _average(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """All-reduce mean of a list of tensors through one flat buffer (counted in bytes)."""
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        if self.world_size > 1:
+            dist.all_reduce(flat, group=self.group)
+            flat /= self.world_size
+            self.communicated_bytes += flat.numel() * flat.element_size()
+        return list(flat.split([t.numel() for t in tensors]))
+
+    @torch.no_grad()
+    def _outer_step(self) -> None:
+        deltas = [g - p.detach() for g, p in zip(self.global_params, self.params, strict=True)]
+        for g, delta in zip(self.global_params, self._average(deltas), strict=True):
+            g.grad = delta.view_as(g)
+        self.outer.step()
+        for g, p in zip(self.global_params, self.params, strict=True):
+            p.copy_(g)
+            g.grad = None
+        self.outer_steps += 1
+
+    # -- training ------------------------------------------------------------------------------
+    def train_step(self, batch: Any) -> float:
+        """One inner step on this replica's ``batch`` (then the outer step when one is due).
+
+        Returns this replica's loss before the update.
+        """
+        if self.step >= self.config.total_steps:
+            raise RuntimeError(f"training already finished ({self.config.total_steps} steps)")
+        lr = self.config.inner_lr_at(self.step)
+        for group in self.inner.param_groups:
+            group["lr"] = lr
+        self.inner.zero_grad(set_to_none=True)
+        loss = self.loss_fn(self.model, batch)
+        if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+            raise TypeError("loss_fn must return a scalar tensor")
+        loss.backward()
+        if self.config.algorithm == "data_parallel":
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+            for p, grad in zip(self.params, self._average(grads), strict=True):
+                p.grad = grad.view_as(p)
+        if self.config.max_grad_norm is not None:
+            nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
+        self.inner.step()
+        self.step += 1
+        if self.outer is not None and (
+            self.step % self.config.inner_steps == 0 or self.step == self.config.total_steps
+        ):
+            self._outer_step()
+        return float(loss.detach())
+
+    def fit(
+        self,
+        batch_fn: BatchFn,
+        *,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int | None = None,
+        resume: bool = True,
+        callback: Callable[[DiLoCoTrainer, float], None] | None = None,
+    ) -> list[float]:
+        """Train to ``config.total_steps``.
+
+        Args:
+            batch_fn: ``batch_fn(step, rank, generator) -> batch``; draw all randomness from
+                ``generator`` (checkpointed) or derive it from ``step`` so resumes are exact.
+            checkpoint_dir: folder of ``step_XXXXXXXX`` checkpoints; with ``resume`` the latest
+                complete one is loaded first.
+            checkpoint_every: inner steps between checkpoints (needs ``checkpoint_dir``).
+            callback: called after every step with ``(trainer, loss)``.
+
+        Returns:
+            the losses of the steps run by this call.
+        """
+        if checkpoint_every is not None and (checkpoint_dir is None or checkpoint_every < 1):
+            raise ValueError("checkpoint_every needs a checkpoint_dir and must be >= 1")
+        if checkpoint_dir is not None and resume:
+            latest = latest_checkpoint(checkpoint_dir)
+            if latest is not None:
+                self.load(latest)
+        losses = []
+        while self.step < self.config.total_steps:
+            losses.append(self.train_step(batch_fn(self.step, self.rank, self.generator)))
+            if checkpoint_every and self.step % checkpoint_every == 0:
+                self.save(Path(checkpoint_dir) / f"step_{self.step:08d}")
+            if callback is not None:
+                callback(self, losses[-1])
+        return losses
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def _barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier(group=self.group)
+
+    def save(self, path: str | Path) -> Path:
+        """Write a checkpoint folder (collective: every replica must call it).
+
+        ``global.safetensors``: global parameters and outer optimizer state (rank 0);
+        ``rank{r}.safetensors`` / ``.json``: the replica's model state, inner AdamW state, data
+        generator and torch RNG state; ``meta.json`` (written last, marks it complete): config,
+        world size, step counters, communicated bytes.
+        """
+        path = Path(path)
+        staging = path.with_name(path.name + ".partial")
+        if self.rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+        self._barrier()
+        tensors = {
+            f"model.{k}": v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()
+        }
+        inner_tensors, inner_json = split_optimizer_state(self.inner, "inner")
+        tensors.update(inner_tensors)
+        tensors["rng.data"] = self.generator.get_state()
+        tensors["rng.torch"] = torch.get_rng_state()
+        save_file(tensors, staging / f"rank{self.rank}.safetensors")
+        write_json(
+            staging / f"rank{self.rank}.json",
+            {"inner": inner_json, "step": self.step, "bytes": self.communicated_bytes},
+        )
+        if self.rank == 0 and self.outer is not None:
+            outer_tensors, outer_json = split_optimizer_state(self.outer, "outer")
+            outer_tensors.update(
+                {
+                    f"global.{i}": g.detach().contiguous().cpu()
+                    for i, g in enumerate(self.global_params)
+                }
+            )
+            save_file(outer_tensors, staging / "global.safetensors")
+            write_json(staging / "global.json", {"outer": outer_json})
+        self._barrier()
+        if self.rank == 0:
+            meta = {
+                "format": CHECKPOINT_FORMAT,
+                "config": self.config.to_dict(),
+                "world_size": self.world_size,
+                "step": self.step,
+                "outer_steps": self.outer_steps,
+            }
+            write_json(staging / "meta.json", meta)
+            shutil.rmtree(path, ignore_errors=True)
+            staging.rename(path)
+        self._barrier()
+        logger.info("checkpoint %s (step %d)", path, self.step)
+        return path
+
+    def load(self, path: str | Path) -> None:
+        """Restore a checkpoint written by :meth:`save` with the same world size and config."""
+        path = Path(path)
+        meta = read_json(path / "meta.json")
+        if meta.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"unknown checkpoint format {meta.get('format')!r} in {path}")
+        if meta["world_size"] != self.world_size:
+            raise ValueError(
+                f"checkpoint has {meta['world_size']} replicas, this job has {self.world_size}"
+            )
+        if DiLoCoConfig.from_dict(meta["config"]) != self.config:
+            raise ValueError(f"checkpoint config differs from this trainer's config ({path})")
+        tensors = load_file(path / f"rank{self.rank}.safetensors")
+        extra = read_json(path / f"rank{self.rank}.json")
+        self.model.load_state_dict(
+            {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+        )
+        merge_optimizer_state(self.inner, tensors, extra["inner"], "inner")
+        self.generator.set_state(tensors["rng.data"])
+        torch.set_rng_state(tensors["rng.torch"])
+        self.step, self.outer_steps = extra["step"], meta["outer_steps"]
+        self.communicated_bytes = extra["bytes"]
+        if self.outer is not None:
+            outer = load_file(path / "global.safetensors")
+            with torch.no_grad():
+                for i, g in enumerate(self.global_params):
+                    g.copy_(outer[f"global.{i}"])
+            merge_optimizer_state(
+                self.outer, outer, read_json(path / "global.json")["outer"], "outer"
+            )
+        logger.info("resumed from %s at step %d", path, self.step)

@@ -1,0 +1,173 @@
+"""DiLoCo trainer: reduction to plain AdamW, identical replicas across gloo processes, exact
+kill-and-resume, communication accounting, checkpoint round trips and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from scaling_laws.diloco import (
+    DiLoCoConfig,
+    DiLoCoTrainer,
+    WorkerFailed,
+    fit_joint_law,
+    fit_model_size_law,
+    latest_checkpoint,
+    launch_local,
+)
+from scaling_laws.diloco.jobs import FAILURE_EXIT_CODE, JobSpec, build_model, train_job
+
+MLP_PARAMS = 8 * 32 + 32 + 32 + 1  # Linear(8, 32) + Linear(32, 1)
+
+
+def _spec(tmp_dir=None, **overrides) -> JobSpec:
+    config = overrides.pop("config", None) or DiLoCoConfig(
+        total_steps=12, inner_steps=4, inner_lr=3e-2, warmup_steps=2, outer_lr=0.7
+    )
+    fields = {"model": "mlp", "data": "synthetic", "batch_size": 8}
+    if tmp_dir is not None:
+        fields.update(checkpoint_dir=str(tmp_dir), checkpoint_every=3)
+    fields.update(overrides)
+    return JobSpec(config, **fields)
+
+
+def test_one_replica_one_inner_step_is_plain_adamw():
+    """M = 1, H = 1, outer lr 1, no momentum: θ_global − 1·(θ_global − θ_local) = θ_local.
+
+    In floating point x − (x − y) equals y exactly when x − y is exact (Sterbenz: y/2 ≤ x ≤ 2y),
+    which holds for almost every weight after one small AdamW step; otherwise the error is at most
+    one rounding of x − y, i.e. ≤ 1 ulp of |x| per step. Over 30 steps of a model with weights of
+    order 1 that bounds the gap by ~30 · 1.2e-7 · max|θ|; we allow 1e-5 absolute.
+    """
+    config = DiLoCoConfig(
+        total_steps=30,
+        inner_steps=1,
+        inner_lr=1e-2,
+        warmup_steps=3,
+        outer_lr=1.0,
+        outer_momentum=0.0,
+        nesterov=False,
+    )
+    spec = JobSpec(config, model="mlp", data="synthetic")
+    result = train_job(0, 1, spec)
+
+    # the oracle: a hand-written AdamW loop with the same lr schedule, clipping and batches
+    model = build_model(spec)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=1e-2, betas=(0.9, 0.99), weight_decay=config.inner_weight_decay
+    )
+    generator = torch.Generator().manual_seed(config.seed)
+    teacher = torch.randn(8, generator=torch.Generator().manual_seed(1234))
+    for step in range(30):
+        for group in optimizer.param_groups:
+            group["lr"] = config.inner_lr_at(step)
+        x = torch.randn(spec.batch_size, 8, generator=generator)
+        loss = torch.nn.functional.mse_loss(model(x), torch.sin(x @ teacher)[:, None])
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    moved = 0.0
+    for ours, reference, start in zip(
+        result["final"], model.parameters(), build_model(spec).parameters(), strict=True
+    ):
+        np.testing.assert_allclose(ours, reference.detach().numpy(), rtol=0, atol=1e-5)
+        moved = max(moved, float((reference - start).abs().max().detach()))
+    assert moved > 0.1  # training moved the weights far beyond the tolerance
+    assert result["communicated_bytes"] == 0
+    assert result["outer_steps"] == 30
+
+
+def test_in_process_checkpoint_resume_is_exact(tmp_path):
+    uninterrupted = train_job(0, 1, _spec())
+    first = _spec(tmp_path, fail_at_step=None)
+    # run 7 of 12 steps, checkpointing every 3 (latest: step 6, mid outer interval)
+    model = build_model(first)
+    from scaling_laws.diloco.jobs import _data
+
+    batch_fn, loss_fn, _ = _data(first)
+    trainer = DiLoCoTrainer(model, loss_fn, first.config)
+    for _ in range(7):
+        trainer.train_step(batch_fn(trainer.step, 0, trainer.generator))
+        if trainer.step % 3 == 0:
+            trainer.save(tmp_path / f"step_{trainer.step:08d}")
+    assert latest_checkpoint(tmp_path).name == "step_00000006"
+    resumed = train_job(0, 1, first)
+    for a, b in zip(uninterrupted["final"], resumed["final"], strict=True):
+        assert np.array_equal(a, b)
+
+
+@pytest.fixture(scope="module")
+def two_replicas(tmp_path_factory):
+    """One 2-process gloo run with checkpoints every 3 steps (the uninterrupted reference)."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    return launch_local(train_job, 2, (_spec(folder),), timeout_s=120)
+
+
+def test_replicas_identical_after_every_outer_step(two_replicas):
+    rank0, rank1 = two_replicas
+    assert [s for s, _ in rank0["digests"]] == [4, 8, 12]
+    assert rank0["digests"] == rank1["digests"]
+    # the replicas saw different data in between (otherwise the test could not fail)
+    assert not np.array_equal(rank0["losses"], rank1["losses"])
+    # one flat fp32 pseudo-gradient per outer step
+    assert rank0["communicated_bytes"] == 3 * MLP_PARAMS * 4
+
+
+def test_data_parallel_replicas_identical_every_step():
+    spec = _spec(config=DiLoCoConfig(total_steps=6, algorithm="data_parallel", inner_lr=3e-2))
+    rank0, rank1, rank2 = launch_local(train_job, 3, (spec,), timeout_s=120)
+    assert len(rank0["digests"]) == 6
+    assert rank0["digests"] == rank1["digests"] == rank2["digests"]
+    assert rank0["communicated_bytes"] == 6 * MLP_PARAMS * 4  # one gradient all-reduce a step
+
+
+def test_kill_and_resume_reproduces_the_uninterrupted_run(two_replicas, tmp_path):
+    killed = _spec(tmp_path, fail_at_step=7, fail_rank=1)
+    with pytest.raises(WorkerFailed) as failure:
+        launch_local(train_job, 2, (killed,), timeout_s=60)
+    assert failure.value.exitcode == FAILURE_EXIT_CODE
+    assert latest_checkpoint(tmp_path).name == "step_00000006"
+    resumed = launch_local(train_job, 2, (_spec(tmp_path),), timeout_s=120)
+    for rank in range(2):
+        for a, b in zip(two_replicas[rank]["final"], resumed[rank]["final"], strict=True):
+            assert np.array_equal(a, b)  # bit-exact
+        assert resumed[rank]["digests"][-1] == two_replicas[rank]["digests"][-1]
+        assert resumed[rank]["communicated_bytes"] == two_replicas[rank]["communicated_bytes"]
+
+
+def test_checkpoint_mismatch_and_bad_config(tmp_path):
+    trainer = DiLoCoTrainer(torch.nn.Linear(2, 1), lambda m, b: m(b).sum(), DiLoCoConfig())
+    trainer.save(tmp_path / "step_00000000")
+    other = DiLoCoTrainer(
+        torch.nn.Linear(2, 1), lambda m, b: m(b).sum(), DiLoCoConfig(outer_lr=0.5)
+    )
+    with pytest.raises(ValueError, match="config differs"):
+        other.load(tmp_path / "step_00000000")
+    with pytest.raises(FileNotFoundError):
+        other.load(tmp_path / "missing")
+    with pytest.raises(ValueError, match="algorithm"):
+        DiLoCoConfig(algorithm="fedavg")
+    with pytest.raises(ValueError, match="inner_steps"):
+        DiLoCoConfig(inner_steps=0)
+    with pytest.raises(ValueError, match="nesterov"):
+        DiLoCoConfig(outer_momentum=0.0)
+    with pytest.raises(TypeError, match=r"nn\.Module"):
+        DiLoCoTrainer(lambda x: x, lambda m, b: b, DiLoCoConfig())
+    with pytest.raises(ValueError, match="nprocs"):
+        launch_local(train_job, 0)
+
+
+def test_paper_laws_recovered_from_their_own_values():
+    n = np.array([35e6, 90e6, 180e6, 335e6, 550e6, 1.3e9, 2.4e9])
+    law = fit_model_size_law(n, 19.762 * n**-0.0992, n_bootstrap=0)
+    assert law.coefficient == pytest.approx(19.762, rel=1e-9)
+    assert law.exponents[0] == pytest.approx(-0.0992, abs=1e-12)
+    nn, mm = np.meshgrid(n, [1.0, 2.0, 4.0, 8.0])
+    joint = fit_joint_law(
+        nn.ravel(), mm.ravel(), 22256 * nn.ravel() ** -0.8827 * mm.ravel() ** 0.2929
+    )
+    assert joint.exponents == pytest.approx((-0.8827, 0.2929), abs=1e-9)
+    with pytest.raises(ValueError, match="two replica counts"):
+        fit_joint_law(n, np.ones_like(n), n)
