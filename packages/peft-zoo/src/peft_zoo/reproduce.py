@@ -19,7 +19,15 @@ import torch
 from kernels_common import Claim, ReproduceResults
 from peft_zoo.data import arithmetic_problems, corrupt, lm_batch, qa_batch, sharegpt_replies
 from peft_zoo.models import load_model
-from peft_zoo.trainer import METHODS, TrainSettings, build_learner, exact_match, perplexity, train
+from peft_zoo.trainer import (
+    METHODS,
+    Learner,
+    TrainSettings,
+    build_learner,
+    exact_match,
+    perplexity,
+    train,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -104,12 +112,7 @@ def run(out: str | Path, *, quick: bool = True, model_name: str | None = None) -
     problems = arithmetic_problems(plan.qa_train + plan.qa_eval, seed=plan.train.seed)
     qa_train, qa_eval = problems[: plan.qa_train], problems[plan.qa_train :]
 
-    untouched = build_learner("capt", copy.deepcopy(base), tok, plan.train)  # p = 0 below
-    with torch.no_grad():
-        untouched.model.adapter.task_vectors.zero_()
-    from peft_zoo.trainer import Learner
-
-    plain = Learner("base", copy.deepcopy(base), untouched.optimizer, 0)
+    plain = Learner("base", base, None, 0)  # the untouched model (every run adapts a copy)
     base_ppl, base_forget = perplexity(plain, eval_batches), perplexity(plain, forget_batches)
     base_em = exact_match(plain, tok, qa_eval)
     logger.info(

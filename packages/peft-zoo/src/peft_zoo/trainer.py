@@ -24,7 +24,6 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from peft_zoo.base import PeftZooModel
 from peft_zoo.config import CaPTConfig, LoPEConfig, PTMoEConfig
 from peft_zoo.data import Batch, pad_id
 from peft_zoo.lope import LoPEModel
@@ -93,7 +92,7 @@ class Learner:
 
     method: str
     model: nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | None
     trainable: int
 
     @property
@@ -270,7 +269,3 @@ def exact_match(
         found = _NUMBER.search(tokenizer.decode(out[0].tolist(), skip_special_tokens=True))
         correct += found is not None and found.group() == answer.strip()
     return correct / len(problems)
-
-
-def is_adapter(model: nn.Module) -> bool:
-    return isinstance(model, PeftZooModel)
