@@ -14,6 +14,7 @@ from lpc_cache import (
     TraceConfig,
     build_trace,
     capacity_at_hit_ratio,
+    capacity_for_hit_ratio,
     load_trace,
     save_trace,
     simulate,
@@ -178,3 +179,16 @@ def test_capacity_at_hit_ratio_interpolates_in_log_capacity():
     assert np.isnan(capacity_at_hit_ratio(caps, hits, 0.6))
     with pytest.raises(ValueError, match="increasing"):
         capacity_at_hit_ratio([10, 5], [0.1, 0.2], 0.15)
+
+
+def test_capacity_for_hit_ratio_matches_a_linear_scan():
+    """Bisection against the brute force: the first capacity of a scan over every block count
+    whose replay reaches the target (this trace's LRU curve is checked to be monotone)."""
+    trace = build_trace([conversation(3, s) for s in range(12)], encode, TraceConfig(seed=4))
+    scan = [simulate(trace, "lru", 8 * b, block_size=8).hit_ratio for b in range(200)]
+    assert all(b >= a for a, b in itertools.pairwise(scan))
+    for target in (0.1, 0.3, scan[-1]):
+        expected = 8 * next(b for b, h in enumerate(scan) if h >= target)
+        assert capacity_for_hit_ratio(trace, "lru", target, block_size=8) == expected
+    with pytest.raises(ValueError, match="above what this trace allows"):
+        capacity_for_hit_ratio(trace, "lru", 0.999, block_size=8)

@@ -277,6 +277,51 @@ def sweep(
     }
 
 
+def capacity_for_hit_ratio(
+    trace: Trace,
+    policy: Callable[[], EvictionPolicy] | str,
+    target: float,
+    *,
+    block_size: int = 16,
+    probabilities: Sequence[float] | None = None,
+) -> int:
+    """Smallest capacity (tokens, a multiple of ``block_size``) whose replay reaches ``target``
+    token hit ratio, by bisection between 0 and the trace's distinct-block footprint (where
+    nothing is evicted). Bisection assumes the hit ratio grows with capacity, which is typical
+    but not guaranteed for every policy; the answer is always a capacity that reaches
+    ``target``. Raises ``ValueError`` if even the footprint does not.
+
+    Args:
+        policy: a policy name or a factory returning a fresh policy per replay.
+    """
+    factory = (lambda: make_policy(policy)) if isinstance(policy, str) else policy
+
+    def hit_ratio(blocks: int) -> float:
+        return simulate(
+            trace,
+            factory(),
+            blocks * block_size,
+            block_size=block_size,
+            probabilities=probabilities,
+        ).hit_ratio
+
+    prepared = prepare(trace, block_size)
+    hi = len({h for hashes in prepared.sequence for h in hashes})
+    if hit_ratio(hi) < target:
+        raise ValueError(
+            f"target hit ratio {target} is above what this trace allows at any capacity "
+            f"({hit_ratio(hi):.4f})"
+        )
+    lo = -1  # hit_ratio(lo) < target is assumed (capacity 0 hits nothing)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if hit_ratio(mid) >= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi * block_size
+
+
 def capacity_at_hit_ratio(
     capacities: Sequence[float], hit_ratios: Sequence[float], target: float
 ) -> float:
