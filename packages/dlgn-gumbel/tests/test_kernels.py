@@ -81,6 +81,8 @@ def test_triton_kernel_binary_inputs_and_one_hot_gates_are_exact(triton_backend)
         ({"x": torch.rand(3)}, ValueError, "2-D"),
         ({"x": torch.rand(4, 3, dtype=torch.float64)}, TypeError, "float32"),
         ({"coeffs": torch.rand(5, 3)}, ValueError, r"\(N, 4\)"),
+        ({"idx_a": torch.full((5,), 4)}, ValueError, r"\[0, 4\)"),
+        ({"idx_b": torch.zeros(5)}, TypeError, "int32 or int64"),
     ],
 )
 def test_bad_input(kwargs, error, match):

@@ -48,4 +48,9 @@ def logic_layer(
             f"idx_a, idx_b must be (N,) and coeffs (N, 4); got {tuple(idx_a.shape)}, "
             f"{tuple(idx_b.shape)}, {tuple(coeffs.shape)}"
         )
+    for name, idx in (("idx_a", idx_a), ("idx_b", idx_b)):
+        if idx.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{name} must be int32 or int64, got {idx.dtype}")
+        if n_out and (int(idx.min()) < 0 or int(idx.max()) >= x.shape[0]):
+            raise ValueError(f"{name} must index rows of x, i.e. lie in [0, {x.shape[0]})")
     return logic_layer_op(x, idx_a, idx_b, coeffs, backend=backend)

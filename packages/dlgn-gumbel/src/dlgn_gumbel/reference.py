@@ -47,7 +47,8 @@ class _AffineLogic(torch.autograd.Function):
         a, b = x.index_select(0, idx_a), x.index_select(0, idx_b)
         c0, c1, c2, c3 = coeffs[:, :, None].unbind(1)
         ctx.save_for_backward(x, idx_a, idx_b, coeffs)
-        return torch.addcmul(c2 * b + c0, a, c3 * b + c1)
+        # three fused passes: (c0 + c2·b) + a·(c1 + c3·b)
+        return torch.addcmul(torch.addcmul(c0, c2, b), a, torch.addcmul(c1, c3, b))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -56,15 +57,13 @@ class _AffineLogic(torch.autograd.Function):
         _, c1, c2, c3 = coeffs[:, :, None].unbind(1)
         grad_x = grad_coeffs = None
         if ctx.needs_input_grad[0]:
-            grad_a = grad * (c3 * b + c1)
-            grad_b = grad * (c3 * a + c2)
+            grad_a = torch.addcmul(c1, c3, b).mul_(grad)
+            grad_b = torch.addcmul(c2, c3, a).mul_(grad)
             grad_x = torch.zeros_like(x)
             grad_x.index_add_(0, idx_a, grad_a).index_add_(0, idx_b, grad_b)
         if ctx.needs_input_grad[3]:
-            ga = grad * a
-            grad_coeffs = torch.stack(
-                (grad.sum(1), ga.sum(1), (grad * b).sum(1), (ga * b).sum(1)), dim=1
-            )
+            ga, gb = grad * a, grad * b
+            grad_coeffs = torch.stack((grad.sum(1), ga.sum(1), gb.sum(1), ga.mul_(b).sum(1)), dim=1)
         return grad_x, None, None, grad_coeffs
 
 
