@@ -42,10 +42,13 @@ def digits_net():
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-@pytest.mark.parametrize("batch", [1, 63, 64, 65, 200, 1031])
-def test_random_inputs_exact(engine, batch):
-    net = _net()
-    x = torch.rand(batch, 40, generator=torch.Generator().manual_seed(batch)) > 0.5
+@pytest.mark.parametrize(
+    ("batch", "in_dim"), [(1, 40), (63, 40), (64, 43), (65, 40), (200, 43), (1031, 45)]
+)
+def test_random_inputs_exact(engine, batch, in_dim):
+    """in_dim 43 and 45 exercise the C packer's tail of features beyond a multiple of 8."""
+    net = _net(in_dim=in_dim)
+    x = torch.rand(batch, in_dim, generator=torch.Generator().manual_seed(batch)) > 0.5
     compiled = compile_logic_net(net, engine=engine)
     expected = net(x.float())
     assert torch.equal(compiled.scores(x), expected)

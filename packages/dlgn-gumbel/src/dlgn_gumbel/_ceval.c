@@ -8,6 +8,39 @@
 #define BLOCK_WORDS 4
 #define MAX_PLANES 40
 
+/* Pack 64 boolean rows (n <= 64 of them valid) into one word per feature: bit s of
+ * dst[i * BLOCK_WORDS] is row s's feature i. Eight features at a time: eight rows' 8-byte loads
+ * are OR-ed with shifts so that byte k holds 8 samples of feature k, then an 8x8 byte transpose
+ * gathers the 64 samples of each feature (little-endian loads). */
+static void pack_rows(const uint8_t *rows, int64_t n, int64_t in_dim, uint64_t *dst) {
+    int64_t i = 0;
+    for (; i + 8 <= in_dim; i += 8) {
+        uint64_t x[8];
+        for (int g = 0; g < 8; g++) {
+            uint64_t acc = 0;
+            for (int t = 0; t < 8; t++) {
+                const int64_t s = g * 8 + t;
+                if (s < n) {
+                    uint64_t v;
+                    memcpy(&v, rows + s * in_dim + i, 8);
+                    acc |= (v & 0x0101010101010101ULL) << t;
+                }
+            }
+            x[g] = acc;
+        }
+        for (int k = 0; k < 8; k++) {
+            uint64_t word = 0;
+            for (int g = 0; g < 8; g++) word |= ((x[g] >> (8 * k)) & 0xFFULL) << (8 * g);
+            dst[(i + k) * BLOCK_WORDS] = word;
+        }
+    }
+    for (; i < in_dim; i++) {
+        uint64_t word = 0;
+        for (int64_t s = 0; s < n; s++) word |= (uint64_t)(rows[s * in_dim + i] & 1) << s;
+        dst[i * BLOCK_WORDS] = word;
+    }
+}
+
 #define GATE_CASE(id, expr)                                   \
     case id:                                                  \
         for (int j = 0; j < BLOCK_WORDS; j++) {               \
@@ -29,13 +62,7 @@ void dlgn_eval(const uint8_t *x, int64_t in_dim, int64_t words, int64_t n_layers
         for (int64_t j = 0; j < BLOCK_WORDS; j++) {
             const int64_t first = (w0 + j) * 64;
             const int64_t n = j >= nw ? 0 : (batch - first < 64 ? batch - first : 64);
-            const uint8_t *rows = x + first * in_dim;
-            for (int64_t i = 0; i < in_dim; i++) {
-                uint64_t word = 0;
-                for (int64_t bit = 0; bit < n; bit++)
-                    word |= (uint64_t)(rows[bit * in_dim + i] != 0) << bit;
-                src[i * BLOCK_WORDS + j] = word;
-            }
+            pack_rows(x + first * in_dim, n, in_dim, src + j);
         }
         int64_t off = 0;
         for (int64_t l = 0; l < n_layers; l++) {

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -226,10 +227,12 @@ class CompiledLogicNet:
 def _resolve_engine(engine: str) -> Literal["c", "numpy"]:
     if engine not in _ENGINES:
         raise ValueError(f"engine must be one of {_ENGINES}, got {engine!r}")
+    if engine == "c" and sys.byteorder != "little":
+        raise ValueError("engine='c' packs inputs with little-endian loads; use engine='numpy'")
     if engine == "auto":
         from dlgn_gumbel.cbuild import find_compiler
 
-        return "c" if find_compiler() is not None else "numpy"
+        return "c" if find_compiler() is not None and sys.byteorder == "little" else "numpy"
     return engine  # type: ignore[return-value]
 
 
