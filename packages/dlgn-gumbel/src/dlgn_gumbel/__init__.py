@@ -5,6 +5,7 @@ Gumbel noise and a straight-through estimator, a fused logic-layer kernel, and e
 compiled inference.
 """
 
+from dlgn_gumbel.cbuild import CompilerUnavailableError
 from dlgn_gumbel.compiled import CompiledLogicNet, compile_logic_net
 from dlgn_gumbel.gates import GATE_COEFFS, GATE_NAMES, gate_coefficients, relaxed_gate
 from dlgn_gumbel.layers import (
@@ -24,6 +25,7 @@ from dlgn_gumbel.metrics import (
 )
 from dlgn_gumbel.ops import logic_layer
 from dlgn_gumbel.reference import logic_layer_affine, logic_layer_reference16
+from dlgn_gumbel.train import TrainConfig, TrainResult, load_checkpoint, train
 
 __version__ = "0.1.0"
 
@@ -31,6 +33,7 @@ __all__ = [
     "GATE_COEFFS",
     "GATE_NAMES",
     "CompiledLogicNet",
+    "CompilerUnavailableError",
     "DiscretizationGap",
     "GateUsage",
     "GroupSum",
@@ -38,15 +41,19 @@ __all__ = [
     "LogicNet",
     "LogicNetConfig",
     "ThermometerEncoder",
+    "TrainConfig",
+    "TrainResult",
     "__version__",
     "accuracy",
     "compile_logic_net",
     "discretization_gap",
     "gate_coefficients",
     "gate_usage",
+    "load_checkpoint",
     "logic_layer",
     "logic_layer_affine",
     "logic_layer_reference16",
     "make_connections",
     "relaxed_gate",
+    "train",
 ]
