@@ -27,6 +27,21 @@ def test_areas_hand_computed():
     np.testing.assert_allclose(s2, [0.0, 0.0, 0.5, 1.0], rtol=0, atol=1e-15)
 
 
+def test_areas_match_the_recursion_written_out():
+    rng = np.random.default_rng(3)
+    lrs = rng.uniform(0, 1e-3, 500)
+    s1, s2 = areas(lrs, decay=0.99, warmup_steps=7)
+    m, total, expected = 0.0, 0.0, []
+    for i in range(500):
+        drop = lrs[i - 1] - lrs[i] if i > 7 else 0.0
+        m = 0.99 * m + drop
+        total += m
+        expected.append(total)
+    # the same operations in the same order: bit-identical
+    np.testing.assert_array_equal(s2, expected)
+    np.testing.assert_array_equal(s1, np.cumsum(lrs))
+
+
 def test_constant_schedule_has_no_annealing_area():
     s1, s2 = areas(schedules.constant(100, 3e-4))
     assert np.all(s2 == 0.0)

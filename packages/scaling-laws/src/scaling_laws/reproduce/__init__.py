@@ -106,11 +106,11 @@ def _summary(s: Settings, records: dict, timings: dict) -> str:
         f" of {len(sweep['tau_opt'])} (N, D) settings have an interior τ_opt; fitted exponent "
         f"m = {exponent:.3f} (10–90%: {sweep['exponent_interval_10_90']}) vs the paper's −0.52.",
         f"**DiLoCo** ({s.diloco_steps} inner steps, global batch {s.diloco_batch}, "
-        f"H={s.diloco_inner_steps}, outer lr {s.diloco_outer_lr}, Nesterov 0.9): final "
-        "validation loss "
+        f"H={s.diloco_inner_steps}, Nesterov 0.9, best outer lr of {list(s.diloco_outer_lrs)}):"
+        " final validation loss "
         + ", ".join(
-            f"{k} {v['val_loss']:.4f} ({v['communicated_bytes_per_replica'] / 1e6:.1f} MB "
-            "all-reduced per replica)"
+            f"{k} {v['val_loss']:.4f} (outer lr {v.get('outer_lr', '-')}, "
+            f"{v['communicated_bytes_per_replica'] / 1e6:.1f} MB all-reduced per replica)"
             for k, v in runs.items()
         )
         + ".",

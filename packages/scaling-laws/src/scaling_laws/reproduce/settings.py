@@ -13,25 +13,25 @@ class Settings:
 
     # LR-annealing: four schedules of the same tiny GPT
     annealing_steps: int
-    annealing_lr: float = 3e-3
-    annealing_warmup: int = 20
+    annealing_lr: float = 1e-2
+    annealing_warmup: int = 30
     annealing_batch: int = 16
     eval_every: int = 10
     width: int = 64
     depth: int = 2
     seq_len: int = 64
     # Power Lines: widths x run lengths x timescales
-    sweep_widths: tuple[int, ...] = (32, 48)
+    sweep_widths: tuple[int, ...] = (16, 32)
     sweep_steps: tuple[int, ...] = (100, 200, 400)
-    sweep_taus: tuple[float, ...] = (0.3, 1.0, 3.0, 10.0, 30.0)
+    sweep_taus: tuple[float, ...] = (1.0, 3.0, 10.0, 30.0, 100.0)
     sweep_batch: int = 8
-    sweep_lr: float = 3e-3
+    sweep_lr: float = 1e-2
     # DiLoCo: replicas vs data-parallel at equal tokens
     diloco_steps: int = 300
     diloco_inner_steps: int = 10
     diloco_batch: int = 16
-    diloco_lr: float = 3e-3
-    diloco_outer_lr: float = 0.7
+    diloco_lr: float = 1e-2
+    diloco_outer_lrs: tuple[float, ...] = (0.4, 0.7, 1.0)
     replicas: tuple[int, ...] = (1, 2, 4)
     data_parallel_workers: int = 2
     seed: int = 0
@@ -46,9 +46,9 @@ class Settings:
 QUICK = Settings(annealing_steps=600)
 FULL = Settings(
     annealing_steps=2000,
-    sweep_widths=(32, 48, 64),
-    sweep_steps=(100, 200, 400, 800),
-    sweep_taus=(0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0),
+    sweep_widths=(16, 32, 64),
+    sweep_steps=(100, 200, 400, 800, 1600),
+    sweep_taus=(0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0),
     diloco_steps=1000,
     diloco_inner_steps=20,
     replicas=(1, 2, 4, 8),
