@@ -9,6 +9,7 @@ Needs the ``reproduce`` extra.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import time
 from dataclasses import asdict, dataclass, replace
@@ -121,6 +122,11 @@ def run(out: str | Path, *, quick: bool = True, model_name: str | None = None) -
 
     rows: dict[str, dict] = {}
     curves = {}
+    out.mkdir(parents=True, exist_ok=True)
+
+    def checkpoint() -> None:  # an interrupted run keeps what it measured
+        (out / "rows.json").write_text(json.dumps(rows, indent=1))
+
     for method in METHODS:  # (a) + (d)
         t0 = time.perf_counter()
         learner = build_learner(method, copy.deepcopy(base), tok, plan.train)
@@ -135,12 +141,14 @@ def run(out: str | Path, *, quick: bool = True, model_name: str | None = None) -
         if method in ("full", "nanoadam"):
             rows[method]["optimizer_state_bytes"] = _state_bytes(learner.optimizer)
         logger.info("(a) %s: %s", method, rows[method])
+        checkpoint()
         del learner
     for method in plan.qa_methods:  # (b)
         learner = build_learner(method, copy.deepcopy(base), tok, plan.train)
         train(learner, qa_train, lambda pairs: qa_batch(tok, pairs), plan.train)
         rows[method]["arithmetic_em"] = exact_match(learner, tok, qa_eval)
         logger.info("(b) %s: EM %.3f", method, rows[method]["arithmetic_em"])
+        checkpoint()
         del learner
     for fraction in plan.noise_fractions:  # (c)
         noisy = corrupt(train_texts, fraction, plan.noise_char_rate, seed=plan.train.seed)
@@ -149,6 +157,7 @@ def run(out: str | Path, *, quick: bool = True, model_name: str | None = None) -
             train(learner, noisy, lm, plan.train)
             rows[method][f"noisy{round(100 * fraction)}_ppl"] = perplexity(learner, eval_batches)
             logger.info("(c) %s at %.0f%%: %s", method, 100 * fraction, rows[method])
+            checkpoint()
             del learner
 
     figures = _plots(out, rows, curves, base_ppl)
