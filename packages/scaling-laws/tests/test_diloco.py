@@ -140,6 +140,10 @@ def test_kill_and_resume_reproduces_the_uninterrupted_run(two_replicas, tmp_path
 def test_checkpoint_mismatch_and_bad_config(tmp_path):
     trainer = DiLoCoTrainer(torch.nn.Linear(2, 1), lambda m, b: m(b).sum(), DiLoCoConfig())
     trainer.save(tmp_path / "step_00000000")
+    # a folder left by a save killed before its rename is never taken for a checkpoint
+    (tmp_path / "step_00000009.partial").mkdir()
+    (tmp_path / "step_00000009.partial" / "meta.json").write_text("{}")
+    assert latest_checkpoint(tmp_path).name == "step_00000000"
     other = DiLoCoTrainer(
         torch.nn.Linear(2, 1), lambda m, b: m(b).sum(), DiLoCoConfig(outer_lr=0.5)
     )

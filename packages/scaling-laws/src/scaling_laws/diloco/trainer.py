@@ -63,7 +63,11 @@ def latest_checkpoint(directory: str | Path) -> Path | None:
     directory = Path(directory)
     if not directory.is_dir():
         return None
-    done = [p for p in directory.glob("step_*") if (p / "meta.json").exists()]
+    done = [
+        p
+        for p in directory.glob("step_*")
+        if p.name[len("step_") :].isdigit() and (p / "meta.json").exists()
+    ]
     return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
 
 
@@ -235,6 +239,8 @@ class DiLoCoTrainer:
         tensors.update(inner_tensors)
         tensors["rng.data"] = self.generator.get_state()
         tensors["rng.torch"] = torch.get_rng_state()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            tensors["rng.cuda"] = torch.cuda.get_rng_state()
         save_file(tensors, staging / f"rank{self.rank}.safetensors")
         write_json(
             staging / f"rank{self.rank}.json",
@@ -286,6 +292,8 @@ class DiLoCoTrainer:
         merge_optimizer_state(self.inner, tensors, extra["inner"], "inner")
         self.generator.set_state(tensors["rng.data"])
         torch.set_rng_state(tensors["rng.torch"])
+        if "rng.cuda" in tensors:
+            torch.cuda.set_rng_state(tensors["rng.cuda"])
         self.step, self.outer_steps = extra["step"], meta["outer_steps"]
         self.communicated_bytes = extra["bytes"]
         if self.outer is not None:
