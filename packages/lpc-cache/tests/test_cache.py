@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -113,6 +115,7 @@ requests = st.lists(
         st.lists(st.integers(0, 3), min_size=1, max_size=7),  # prompt tokens (tree of width 4)
         st.booleans(),  # release before the next request?
         st.floats(0.0, 1.0),  # continuation probability
+        st.lists(st.integers(0, 3), max_size=3),  # reply tokens stored at release
     ),
     min_size=1,
     max_size=25,
@@ -127,21 +130,38 @@ requests = st.lists(
 )
 def test_invariants_under_random_overlapping_requests(requests, capacity, name):
     """Capacity never exceeded, every cached block's parent cached, child counts exact, and a
-    block pinned by a running request is never evicted, whatever the policy and interleaving."""
+    block pinned by a running request is never evicted, whatever the policy and interleaving,
+    including replies appended at release (``extend``) onto blocks other requests hold."""
     cache = PrefixCache(capacity, block_size=1, policy=make_policy(name))
     running = []
-    for t, (prompt, release_now, p) in enumerate(requests):
-        path = block_hashes(prompt, 1)
-        access = Access(t, p, p > 0.5, [float(t + 1)] * len(path))
+
+    def finish(t: float) -> None:
+        lease, sequence = running.pop(0)
+        evictions = cache.evictions
+        cache.extend(lease, sequence, t)
+        cache.check_invariants()
+        assert all(cache.blocks.get(b.key) is b for b in lease.blocks)
+        # the lease's blocks are a prefix of its sequence, each block the child of the one before
+        assert [b.key for b in lease.blocks] == sequence[: len(lease.blocks)]
+        for parent, child in itertools.pairwise(lease.blocks):
+            assert child.parent is parent
+        assert cache.evictions >= evictions
+        cache.release(lease, t)
+        cache.check_invariants()
+
+    for t, (prompt, release_now, p, reply) in enumerate(requests):
+        sequence = block_hashes(prompt + reply, 1)
+        path = sequence[: len(prompt)]
+        access = Access(t, p, p > 0.5, [float(t + 1)] * len(sequence))
         lease = cache.acquire_hashes(path, float(t), access)
-        running.append(lease)
-        for held in running:  # every pinned block is still cached
+        running.append((lease, sequence))
+        for held, _ in running:  # every pinned block is still cached
             assert all(cache.blocks.get(b.key) is b for b in held.blocks)
+            assert all(b.pins > 0 for b in held.blocks)
         cache.check_invariants()
         if release_now or len(running) > 3:
-            cache.release(running.pop(0), float(t))
-            cache.check_invariants()
-    for lease in running:
-        cache.release(lease, float(len(requests)))
+            finish(float(t))
+    while running:
+        finish(float(len(requests)))
     cache.check_invariants()
     assert all(b.pins == 0 for b in cache.blocks.values())

@@ -163,3 +163,28 @@ def test_belady_is_the_optimum_on_sequential_traces(prompts, capacity, sequentia
             continues=continues,
         )
         assert sum(hits) <= optimum, name
+
+
+def test_lpc_evicts_the_lowest_current_decayed_probability():
+    """Random (p, finish time) per one-block conversation; when a new request needs a slot at
+    time ``now``, the evicted block is the argmin of the paper's p' = p·d / (p·d + 1 − p),
+    d = exp(−(now − t_last)·scale), computed here directly (the oracle). The finish times span
+    far more than 1/scale, so the decay reorders blocks (an inverted sign would fail)."""
+    rng = np.random.default_rng(7)
+    scale = 1e-2
+    for trial in range(20):
+        n = 12
+        p = rng.uniform(0.02, 0.98, n)
+        t_last = np.sort(rng.uniform(0.0, 600.0, n))
+        policy = LPCPolicy(scale=scale)
+        cache = PrefixCache(n, block_size=1, policy=policy)
+        for k in range(n):
+            lease = cache.acquire([k], float(t_last[k]), Access(probability=float(p[k])))
+            cache.release(lease, float(t_last[k]))
+        now = 700.0
+        d = np.exp(-(now - t_last) * scale)
+        decayed = p * d / (p * d + 1 - p)
+        expected = int(np.argmin(decayed))
+        cache.release(cache.acquire([1000 + trial], now, Access(probability=0.5)), now)
+        gone = [k for k in range(n) if cache.match([k]) == 0]
+        assert gone == [expected], (trial, decayed)
