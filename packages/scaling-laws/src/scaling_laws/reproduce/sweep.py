@@ -85,26 +85,29 @@ def run(data: LMData, s: Settings, out: Path) -> tuple[list[Claim], list[str], d
         logx=True,
         markers=True,
     )
+    figures = [png_loss.name]
     ratio = np.array([o["tokens_per_param"] for o in optima])
     tau_opt = np.array([o["tau_opt"] for o in optima])
-    plot = {"τ_opt (interpolated)": (ratio.tolist(), tau_opt.tolist())}
-    if law is not None:
-        grid = np.geomspace(ratio.min(), ratio.max(), 20)
-        plot[f"fit: m = {exponent:.3f}"] = (grid.tolist(), law(grid).tolist())
-        plot["paper slope −0.52 (same anchor)"] = (
-            grid.tolist(),
-            (law(ratio.min()) * (grid / ratio.min()) ** PAPER_TAU_EXPONENT).tolist(),
+    if len(np.unique(ratio)) >= 2 and len(np.unique(tau_opt)) >= 2:  # else no log-log axes
+        plot = {"τ_opt (interpolated; edge values = bound)": (ratio.tolist(), tau_opt.tolist())}
+        if law is not None:
+            grid = np.geomspace(ratio.min(), ratio.max(), 20)
+            plot[f"fit: m = {exponent:.3f}"] = (grid.tolist(), law(grid).tolist())
+            plot["paper slope −0.52 (same anchor)"] = (
+                grid.tolist(),
+                (law(ratio.min()) * (grid / ratio.min()) ** PAPER_TAU_EXPONENT).tolist(),
+            )
+        png_tau = plot_curves(
+            plot,
+            out / "power_lines_tau_opt.png",
+            title="τ_opt vs tokens per parameter",
+            xlabel="D/N (tokens per non-embedding parameter)",
+            ylabel="τ_opt",
+            logx=True,
+            logy=True,
+            markers=True,
         )
-    png_tau = plot_curves(
-        plot,
-        out / "power_lines_tau_opt.png",
-        title="τ_opt vs tokens per parameter",
-        xlabel="D/N (tokens per non-embedding parameter)",
-        ylabel="τ_opt",
-        logx=True,
-        logy=True,
-        markers=True,
-    )
+        figures.append(png_tau.name)
     claims = [
         Claim(
             name="Power Lines: τ_opt exponent in D/N",
@@ -124,4 +127,4 @@ def run(data: LMData, s: Settings, out: Path) -> tuple[list[Claim], list[str], d
         "exponent_interval_10_90": list(interval),
         "interior_optima": int(sum(o["interior"] for o in optima)),
     }
-    return claims, [png_loss.name, png_tau.name], record
+    return claims, figures, record
