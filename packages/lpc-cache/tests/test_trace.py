@@ -120,14 +120,27 @@ GOOD = {
         (json.dumps({**GOOD, "prompt_token_ids": []}), "prompt_token_ids"),
         (json.dumps({**GOOD, "time": -1}), "time must be"),
         (json.dumps({**GOOD, "time": 0.5}), "earlier than the line before"),
+        (json.dumps({**GOOD, "time": 2.0, "turn": 1}), "continues after a request marked"),
+        (json.dumps({**GOOD, "conversation_id": "b", "time": 2.0}), None),
     ],
 )
 def test_malformed_line_names_its_number(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(GOOD) + "\n\n" + line + "\n")
+    if message is None:  # the control: a well-formed second line loads
+        assert len(load_trace(path)) == 2
+        return
     with pytest.raises(ValueError, match=message) as error:
         load_trace(path)
     assert f"{path}:3" in str(error.value)
+
+
+def test_turns_must_increase_within_a_conversation(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    first = {**GOOD, "last_turn": False, "turn": 1}
+    path.write_text(json.dumps(first) + "\n" + json.dumps({**GOOD, "time": 2.0}) + "\n")
+    with pytest.raises(ValueError, match=f"{path}:2: turn 0 .* does not follow turn 1"):
+        load_trace(path)
 
 
 def test_missing_and_empty_trace(tmp_path):

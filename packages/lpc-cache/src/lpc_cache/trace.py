@@ -20,7 +20,8 @@ JSONL format (one request per line, UTF-8; blank lines are ignored)::
 ``time`` is the arrival time in seconds (non-negative, lines in non-decreasing order),
 ``turn`` counts the conversation's user turns from 0, ``output_tokens`` is the length of the
 recorded reply, ``last_turn`` says that no further user turn of this conversation follows (the
-label the continuation predictor learns). ``user_text`` is optional; the predictor needs it.
+label the continuation predictor learns); within a conversation turns increase and no request
+follows one marked ``last_turn``. ``user_text`` is optional; the predictor needs it.
 """
 
 from __future__ import annotations
@@ -296,6 +297,7 @@ def load_trace(path: str | Path) -> Trace:
     if not path.is_file():
         raise FileNotFoundError(f"no trace file at {path}")
     requests: list[Request] = []
+    seen: dict[str, Request] = {}  # the latest request of each conversation
     with path.open(encoding="utf-8") as file:
         for number, line in enumerate(file, 1):
             if not line.strip():
@@ -304,6 +306,18 @@ def load_trace(path: str | Path) -> Trace:
             request = _parse(line, where)
             if requests and request.time < requests[-1].time:
                 raise ValueError(f"{where}: time {request.time} is earlier than the line before")
+            before = seen.get(request.conversation_id)
+            if before is not None and before.last_turn:
+                raise ValueError(
+                    f"{where}: conversation {request.conversation_id!r} continues after a "
+                    "request marked last_turn"
+                )
+            if before is not None and request.turn <= before.turn:
+                raise ValueError(
+                    f"{where}: turn {request.turn} of conversation {request.conversation_id!r} "
+                    f"does not follow turn {before.turn}"
+                )
+            seen[request.conversation_id] = request
             requests.append(request)
     if not requests:
         raise ValueError(f"{path}: the trace holds no requests")
