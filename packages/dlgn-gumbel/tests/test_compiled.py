@@ -112,3 +112,78 @@ def test_bad_input():
 def test_load_missing_files(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"config\.json"):
         CompiledLogicNet.load(tmp_path)
+
+
+def _tamper(directory, name, value):
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(directory / "compiled.safetensors"))
+    tensors[name] = value
+    save_file(tensors, str(directory / "compiled.safetensors"))
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "match"),
+    [
+        ("layers.1.idx_a", np.full(90, 120, dtype=np.int64), r"idx_a must be integers in \[0, "),
+        ("layers.0.idx_b", np.full(120, -1, dtype=np.int64), r"idx_b must be integers in \[0, 40"),
+        ("layers.2.gates", np.full(60, 16, dtype=np.uint8), "gates must be integers in 0..15"),
+        ("layers.2.gates", np.zeros(59, dtype=np.uint8), "one non-zero length"),
+    ],
+)
+def test_load_refuses_corrupt_tables(tmp_path, name, value, match):
+    """A saved network whose tables would make the C engine read outside its buffers is refused
+    on load (the unpruned net keeps the widths 120, 90, 60 that the values above assume)."""
+    compile_logic_net(_net(), engine="numpy", prune=False).save(tmp_path)
+    _tamper(tmp_path, name, value)
+    with pytest.raises(ValueError, match=match):
+        CompiledLogicNet.load(tmp_path, engine="numpy")
+
+
+def test_load_refuses_missing_layer(tmp_path):
+    compile_logic_net(_net(), engine="numpy").save(tmp_path)
+    config = tmp_path / "config.json"
+    config.write_text(config.read_text().replace('"num_layers": 3', '"num_layers": 4'))
+    with pytest.raises(ValueError, match="missing"):
+        CompiledLogicNet.load(tmp_path, engine="numpy")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_hand_built_tables_of_other_int_dtypes(engine):
+    """int32 indices and int64 gates are converted, not reinterpreted by the C engine."""
+    ref = compile_logic_net(_net(), engine="numpy")
+    layers = tuple(
+        type(layer)(layer.idx_a.astype(np.int32), layer.idx_b.astype(np.int32),
+                    layer.gates.astype(np.int64))
+        for layer in ref.layers
+    )  # fmt: skip
+    hand = CompiledLogicNet(ref.in_dim, layers, ref.num_classes, ref.tau, engine)
+    x = torch.rand(130, 40, generator=torch.Generator().manual_seed(5)) > 0.5
+    assert np.array_equal(hand.counts(x), ref.counts(x))
+
+
+def test_auto_engine_falls_back_when_the_compiler_fails(tmp_path, monkeypatch):
+    from dlgn_gumbel import cbuild
+
+    monkeypatch.setenv("CC", "false")  # found on PATH, but every build fails
+    monkeypatch.setenv("DLGN_GUMBEL_CACHE", str(tmp_path))
+    cbuild.load_evaluator.cache_clear()
+    try:
+        assert cbuild.find_compiler() is not None
+        compiled = compile_logic_net(_net(), engine="auto")
+        assert compiled.engine == "numpy"
+        with pytest.raises(cbuild.CompilerUnavailableError, match="failed"):
+            compile_logic_net(_net(), engine="c").counts(np.zeros((2, 40), dtype=bool))
+        assert not list(tmp_path.glob("dlgn_eval_*"))  # no half-built files left behind
+    finally:
+        cbuild.load_evaluator.cache_clear()
+
+
+def test_library_key_depends_on_the_host_cpu():
+    """The evaluator is built with -march=native: a cache shared by two CPUs keeps two builds."""
+    from dlgn_gumbel.cbuild import library_key
+
+    base = library_key("src", "/usr/bin/gcc", "x86_64|avx2")
+    assert library_key("src", "/usr/bin/gcc", "x86_64|avx512f") != base
+    assert library_key("src", "/usr/bin/clang", "x86_64|avx2") != base
+    assert library_key("src", "/usr/bin/gcc", "x86_64|avx2") == base

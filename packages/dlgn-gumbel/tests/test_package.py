@@ -64,6 +64,26 @@ def test_resume_continues_exactly(tmp_path, digits, relaxation):
               resume=True, **kw)  # fmt: skip
 
 
+def test_checkpoint_halves_from_different_steps_are_refused(tmp_path, digits):
+    """Tensors and JSON state are renamed into place one after the other; a run killed between
+    the two renames leaves halves of different steps, which resume must refuse."""
+    import json
+
+    args = (digits.x_train, digits.y_train, digits.x_test[:50], digits.y_test[:50])
+    kw = {"num_classes": 10, "backend": "reference", "progress": False}
+    train(_config(5), *args, out_dir=tmp_path, **kw)
+    state = tmp_path / "checkpoint.json"
+    meta = json.loads(state.read_text())
+    assert meta["steps"] == 5
+    assert not list(tmp_path.glob("*.partial"))
+    meta["steps"] = 10  # the JSON of a later step next to the tensors of step 5
+    state.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="different steps"):
+        train(_config(12), *args, out_dir=tmp_path, resume=True, **kw)
+    with pytest.raises(ValueError, match="different steps"):
+        load_checkpoint(tmp_path)
+
+
 def test_cli_train_then_compile(tmp_path, capsys):
     out = tmp_path / "run"
     code = main(
@@ -93,7 +113,12 @@ def test_reproduce_pipeline_tiny(tmp_path):
     assert _time_to(history, 0.5) == 2.0
     assert _time_to(history, 0.7) == float("inf")
     tiny = ReproduceSettings(
-        train_subset=600, test_subset=200, layer_sizes=(200, 100), budget_s=1.0, eval_every=5
+        train_subset=600,
+        test_subset=200,
+        layer_sizes=(200, 100),
+        budget_s=1.0,
+        eval_every=5,
+        connections="random",  # "unique" needs 2 * width >= 2352 input bits
     )
     results = run(tmp_path, settings=tiny)
     loaded = ReproduceResults.load(tmp_path)

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--tau", type=float, default=10.0, help="GroupSum temperature")
     tr.add_argument("--gumbel-tau", type=float, default=1.0)
     tr.add_argument("--grad-factor", type=float, default=1.0)
-    tr.add_argument("--connections", choices=("random", "unique"), default="random")
+    tr.add_argument("--connections", choices=("random", "unique"), default="unique")
     tr.add_argument("--lr", type=float, default=0.01)
     tr.add_argument("--batch-size", type=int, default=128)
     tr.add_argument("--steps", type=int, default=2000)

@@ -62,7 +62,8 @@ void dlgn_eval(const uint8_t *x, int64_t in_dim, int64_t words, int64_t n_layers
         for (int64_t j = 0; j < BLOCK_WORDS; j++) {
             const int64_t first = (w0 + j) * 64;
             const int64_t n = j >= nw ? 0 : (batch - first < 64 ? batch - first : 64);
-            pack_rows(x + first * in_dim, n, in_dim, src + j);
+            /* words past the batch are zero-filled from no row at all (n = 0) */
+            pack_rows(n ? x + first * in_dim : x, n, in_dim, src + j);
         }
         int64_t off = 0;
         for (int64_t l = 0; l < n_layers; l++) {

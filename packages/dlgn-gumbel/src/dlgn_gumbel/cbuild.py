@@ -7,9 +7,11 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from importlib import resources
 from pathlib import Path
 
@@ -32,6 +34,25 @@ def find_compiler() -> str | None:
         if path := shutil.which(name):
             return path
     return None
+
+
+def _host_id() -> str:
+    """What ``-march=native`` code depends on: the machine type and, on Linux, the CPU's feature
+    flags, so that a cache folder shared between different machines (a network home) never hands
+    one of them a library built for another CPU."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return f"{platform.machine()}|{platform.processor()}|{flags.strip()}"
+
+
+def library_key(source: str, compiler: str, host: str) -> str:
+    """Cache key of a built evaluator: its source, compiler, flags and host CPU."""
+    text = "\n".join((source, compiler, " ".join(_FLAGS), host))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _cache_dir() -> Path:
@@ -59,21 +80,28 @@ def load_evaluator() -> ctypes.CDLL:
             "no C compiler found (looked at $CC, gcc, cc, clang); install one or use engine='numpy'"
         )
     source = resources.files("dlgn_gumbel").joinpath("_ceval.c").read_text()
-    key = hashlib.sha256((source + compiler + " ".join(_FLAGS)).encode()).hexdigest()[:16]
+    key = library_key(source, compiler, _host_id())
     directory = _cache_dir()
     library = directory / f"dlgn_eval_{key}.so"
     if not library.exists():
-        c_file = directory / f"dlgn_eval_{key}.{os.getpid()}.c"
+        tag = f"{os.getpid()}.{threading.get_ident()}"  # private to this process and thread
+        c_file = directory / f"dlgn_eval_{key}.{tag}.c"
         c_file.write_text(source)
-        partial = directory / f"dlgn_eval_{key}.{os.getpid()}.so"
+        partial = directory / f"dlgn_eval_{key}.{tag}.so"
         command = [compiler, *_FLAGS, str(c_file), "-o", str(partial)]
         logger.info("compiling the C evaluator: %s", " ".join(command))
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-        c_file.unlink(missing_ok=True)
-        if result.returncode != 0:
-            raise CompilerUnavailableError(
-                f"{compiler} failed to build the evaluator:\n{result.stderr[-2000:]}"
+        try:
+            result = subprocess.run(
+                command, capture_output=True, text=True, check=False, timeout=300
             )
+            failure = result.stderr[-2000:] if result.returncode != 0 else None
+        except (OSError, subprocess.TimeoutExpired) as error:  # not runnable, or hung
+            failure = str(error)
+        finally:
+            c_file.unlink(missing_ok=True)
+        if failure is not None:
+            partial.unlink(missing_ok=True)
+            raise CompilerUnavailableError(f"{compiler} failed to build the evaluator:\n{failure}")
         os.replace(partial, library)  # atomic: concurrent builders never see a partial file
     lib = ctypes.CDLL(str(library))
     lib.dlgn_eval.restype = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,8 @@ from dlgn_gumbel.gates import GATE_TRUTH_TABLES
 from dlgn_gumbel.layers import group_scores
 
 __all__ = ["CompiledLogicNet", "compile_logic_net"]
+
+logger = logging.getLogger(__name__)
 
 Engine = Literal["auto", "c", "numpy"]
 _ENGINES = ("auto", "c", "numpy")
@@ -99,6 +102,52 @@ class CompiledLogicNet:
     num_classes: int
     tau: float
     engine: Literal["c", "numpy"] = "numpy"
+
+    def __post_init__(self) -> None:
+        # The C engine indexes raw buffers with these tables, so a network read from a file (or
+        # built by hand) is checked in full before it can run: dtypes, index ranges, gate ids.
+        if not isinstance(self.in_dim, int) or self.in_dim < 1:
+            raise ValueError(f"in_dim must be a positive int, got {self.in_dim!r}")
+        if not isinstance(self.num_classes, int) or self.num_classes < 1:
+            raise ValueError(f"num_classes must be a positive int, got {self.num_classes!r}")
+        if not self.tau > 0:
+            raise ValueError(f"tau must be > 0, got {self.tau}")
+        if self.engine not in ("c", "numpy"):
+            raise ValueError(f"engine must be 'c' or 'numpy', got {self.engine!r}")
+        if not self.layers:
+            raise ValueError("a compiled network needs at least one layer")
+        checked, width = [], self.in_dim
+        for i, layer in enumerate(self.layers):
+            idx_a, idx_b = np.asarray(layer.idx_a), np.asarray(layer.idx_b)
+            gates = np.asarray(layer.gates)
+            n = gates.shape[0] if gates.ndim == 1 else -1
+            if n < 1 or idx_a.shape != (n,) or idx_b.shape != (n,):
+                raise ValueError(
+                    f"layer {i}: idx_a, idx_b and gates must be 1-D of one non-zero length, got "
+                    f"{idx_a.shape}, {idx_b.shape}, {gates.shape}"
+                )
+            for name, values, bound in (("idx_a", idx_a, width), ("idx_b", idx_b, width)):
+                if values.dtype.kind not in "iu" or values.min() < 0 or values.max() >= bound:
+                    raise ValueError(
+                        f"layer {i}: {name} must be integers in [0, {bound}) (the width of "
+                        f"the layer before)"
+                    )
+            if gates.dtype.kind not in "iu" or gates.min() < 0 or gates.max() > 15:
+                raise ValueError(f"layer {i}: gates must be integers in 0..15")
+            checked.append(
+                DiscreteLayer(
+                    np.ascontiguousarray(idx_a, dtype=np.int64),
+                    np.ascontiguousarray(idx_b, dtype=np.int64),
+                    np.ascontiguousarray(gates, dtype=np.uint8),
+                )
+            )
+            width = n
+        if width % self.num_classes:
+            raise ValueError(
+                f"the last layer's width {width} must be divisible by num_classes="
+                f"{self.num_classes}"
+            )
+        object.__setattr__(self, "layers", tuple(checked))
 
     def counts(self, x_bool: np.ndarray | torch.Tensor) -> np.ndarray:
         """``(B, num_classes)`` int64: how many output neurons of each class group are 1.
@@ -211,17 +260,19 @@ class CompiledLogicNet:
         if config.get("format") != _FORMAT:
             raise ValueError(f"{config_path}: format {config.get('format')!r}, expected {_FORMAT}")
         tensors = load_file(str(weights_path))
-        layers = tuple(
-            DiscreteLayer(
-                tensors[f"layers.{i}.idx_a"],
-                tensors[f"layers.{i}.idx_b"],
-                tensors[f"layers.{i}.gates"],
+        try:
+            layers = tuple(
+                DiscreteLayer(
+                    tensors[f"layers.{i}.idx_a"],
+                    tensors[f"layers.{i}.idx_b"],
+                    tensors[f"layers.{i}.gates"],
+                )
+                for i in range(config["num_layers"])
             )
-            for i in range(config["num_layers"])
-        )
-        return cls(
-            config["in_dim"], layers, config["num_classes"], config["tau"], _resolve_engine(engine)
-        )
+            fields = (config["in_dim"], layers, config["num_classes"], config["tau"])
+        except KeyError as error:
+            raise ValueError(f"{directory}: incomplete compiled network, missing {error}") from None
+        return cls(*fields, _resolve_engine(engine))  # __post_init__ validates every table
 
 
 def _resolve_engine(engine: str) -> Literal["c", "numpy"]:
@@ -230,9 +281,16 @@ def _resolve_engine(engine: str) -> Literal["c", "numpy"]:
     if engine == "c" and sys.byteorder != "little":
         raise ValueError("engine='c' packs inputs with little-endian loads; use engine='numpy'")
     if engine == "auto":
-        from dlgn_gumbel.cbuild import find_compiler
+        from dlgn_gumbel.cbuild import CompilerUnavailableError, find_compiler, load_evaluator
 
-        return "c" if find_compiler() is not None and sys.byteorder == "little" else "numpy"
+        if find_compiler() is None or sys.byteorder != "little":
+            return "numpy"
+        try:  # a compiler that exists but cannot build the evaluator: fall back as well
+            load_evaluator()
+        except CompilerUnavailableError as error:
+            logger.warning("C engine unavailable, using numpy: %s", error)
+            return "numpy"
+        return "c"
     return engine  # type: ignore[return-value]
 
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
@@ -38,7 +40,9 @@ class TrainConfig:
         num_thresholds: thermometer thresholds per pixel (evenly spaced in (0, 1)).
         tau: GroupSum temperature; relaxation, gumbel_tau, grad_factor, connections: see
             :class:`~dlgn_gumbel.LogicLayer`.
-        lr: Adam learning rate (the paper: 0.01); batch_size: mini-batch size.
+        lr: Adam learning rate; batch_size: mini-batch size. Defaults follow the paper's code
+            (shakiryousefi/gumbel-lgn): lr 0.01, batch 128, gumbel_tau 1, grad_factor 1,
+            ``"unique"`` connections.
         steps: maximum number of steps; time_budget_s: stop once this much training time (not
             counting evaluation) has passed, if set.
         eval_every: evaluate training-mode and discretized accuracy every this many steps.
@@ -54,7 +58,7 @@ class TrainConfig:
     relaxation: str = "gumbel"
     gumbel_tau: float = 1.0
     grad_factor: float = 1.0
-    connections: str = "random"
+    connections: str = "unique"
     lr: float = 0.01
     batch_size: int = 128
     steps: int = 2000
@@ -113,20 +117,43 @@ def _batch_indices(n: int, batch_size: int, step: int, seed: int) -> torch.Tenso
 
 
 def _save(directory: Path, net: LogicNet, optim: torch.optim.Optimizer, meta: dict) -> None:
+    """Write the tensors, then the JSON state, each through a temporary file and an atomic
+    rename; both carry the step count, so a run killed between the two renames is detected on
+    load instead of resuming from mismatched halves."""
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {f"model.{k}": v.contiguous() for k, v in net.state_dict().items()}
     state = optim.state_dict()
     for pid, slots in state["state"].items():
         for name, value in slots.items():
             tensors[f"optim.{pid}.{name}"] = torch.as_tensor(value).contiguous()
-    save_file(tensors, str(directory / CHECKPOINT))
+    partial = directory / f"{CHECKPOINT}.partial"
+    save_file(tensors, str(partial), metadata={"steps": str(meta["steps"])})
+    os.replace(partial, directory / CHECKPOINT)
     meta = {**meta, "param_groups": state["param_groups"]}
-    (directory / STATE).write_text(json.dumps(meta, indent=2) + "\n")
+    partial = directory / f"{STATE}.partial"
+    partial.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(partial, directory / STATE)
+
+
+def _read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The JSON state and the tensors of a checkpoint, checked to belong to the same step."""
+    for name in (STATE, CHECKPOINT):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"{directory / name} not found (expected a `train` --out dir)")
+    meta = json.loads((directory / STATE).read_text())
+    with safe_open(str(directory / CHECKPOINT), framework="pt") as f:
+        saved_steps = (f.metadata() or {}).get("steps")
+    if saved_steps != str(meta.get("steps")):
+        raise ValueError(
+            f"{directory}: {CHECKPOINT} (step {saved_steps}) and {STATE} (step "
+            f"{meta.get('steps')}) are from different steps; the run was interrupted while "
+            "saving, so neither can be resumed safely"
+        )
+    return meta, load_file(str(directory / CHECKPOINT))
 
 
 def _load(directory: Path, net: LogicNet, optim: torch.optim.Optimizer) -> dict[str, Any]:
-    meta = json.loads((directory / STATE).read_text())
-    tensors = load_file(str(directory / CHECKPOINT))
+    meta, tensors = _read_checkpoint(directory)
     net.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
@@ -214,7 +241,11 @@ def train(
             "step": result.steps,
             "train_time_s": result.train_time_s,
             "loss": loss_sum / max(loss_count, 1),
-            "train_mode_acc": accuracy(net, x_eval_bits, y_eval, train_mode=True),
+            # one Gumbel sample per evaluation batch of the training batch size, as in the paper's
+            # code (its training-mode test accuracy is measured batch by batch)
+            "train_mode_acc": accuracy(
+                net, x_eval_bits, y_eval, train_mode=True, batch_size=config.batch_size
+            ),
             "discrete_acc": accuracy(net, x_eval_bits, y_eval, train_mode=False),
         }
         result.history.append(row)
@@ -252,13 +283,8 @@ def load_checkpoint(
     directory: str | Path, *, backend: str | None = None
 ) -> tuple[LogicNet, TrainConfig]:
     """The network (eval mode) and training config saved by :func:`train` in ``directory``."""
-    directory = Path(directory)
-    for name in (STATE, CHECKPOINT):
-        if not (directory / name).is_file():
-            raise FileNotFoundError(f"{directory / name} not found (expected a `train` --out dir)")
-    meta = json.loads((directory / STATE).read_text())
+    meta, tensors = _read_checkpoint(Path(directory))
     config = TrainConfig(**meta["config"])
     net = LogicNet.from_config(LogicNetConfig(**meta["net_config"]), backend=backend)
-    tensors = load_file(str(directory / CHECKPOINT))
     net.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
     return net.eval(), config
