@@ -236,8 +236,8 @@ def _run(out: Path, quick: bool, settings: ReproduceSettings | None) -> Reproduc
     summary = (
         f"Fashion-MNIST ({data.x_train.shape[0]} train / {data.x_test.shape[0]} test images), "
         f"{settings.num_thresholds} thermometer thresholds, logic layers "
-        f"{'x'.join(map(str, settings.layer_sizes))} ({settings.connections} connections), GroupSum "
-        f"tau {settings.tau}, Adam lr 0.01, "
+        f"{'x'.join(map(str, settings.layer_sizes))} ({settings.connections} connections), "
+        f"GroupSum tau {settings.tau}, Adam lr 0.01, "
         f"batch {settings.batch_size}; each relaxation trained for {settings.budget_s:.0f} s of "
         f"CPU time on one thread. Softmax: {rows['softmax']['steps']} steps, discretized "
         f"{rows['softmax']['discrete_acc']:.4f}, training mode "
