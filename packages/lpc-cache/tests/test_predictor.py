@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from sklearn.metrics import matthews_corrcoef, roc_auc_score
 
 from lpc_cache import (
@@ -111,3 +112,15 @@ def test_split_conversations_is_a_seeded_partition():
     assert sorted(a + b + c) == sorted(ids)
     assert (len(a), len(b)) == (40, 10)
     assert split_conversations(ids, (0.4, 0.1, 0.5), seed=3)[0] == a
+
+
+def test_construction_is_seeded_and_leaves_the_global_rng_alone():
+    config = PredictorConfig(embedding_dim=4, history=0, seed=3)
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    a = ContinuationPredictor(config)
+    assert torch.equal(torch.rand(3), expected)
+    b = ContinuationPredictor(config)
+    for wa, wb in zip(a.model.parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(wa, wb)

@@ -16,6 +16,7 @@ from lpc_cache import (
     capacity_at_hit_ratio,
     capacity_for_hit_ratio,
     load_trace,
+    prepare,
     save_trace,
     simulate,
 )
@@ -167,6 +168,9 @@ def test_simulator_known_answer():
         _request(50.0, "b", 0, list(range(100, 112)), 2, True),
         _request(100.0, "a", 1, a1, 3, True),
     ]
+    # distinct blocks: a's chain of 4 (its turn-1 prompt; turn 0's reply is its third block)
+    # and b's 3 (its 2-token reply does not fill a block)
+    assert prepare(Trace(requests), 4).footprint_blocks == 7
     result = simulate(Trace(requests), "lru", capacity_tokens=1000, block_size=4)
     assert result.hit_tokens == 12
     assert result.prompt_tokens == 36

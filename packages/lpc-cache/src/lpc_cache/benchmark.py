@@ -27,8 +27,8 @@ def run(out: str | Path | None = None, *, conversations: int = 2000, repeat: int
     """Run both benchmarks; return Markdown (and write ``bench_lpc_cache.{json,md}`` to ``out``)."""
     torch.set_num_threads(1)
     trace = sharegpt_trace(conversations, TraceConfig(seed=0))
-    prepared = prepare(trace)  # hashing is done once per trace and block size, not per replay
-    footprint = len({h for s in prepared.sequence for h in s}) * 16
+    # hashing is done once per trace and block size, not per replay
+    footprint = prepare(trace).footprint_blocks * 16
     rng = np.random.default_rng(0)
     probabilities = rng.uniform(0.2, 0.9, len(trace))  # LPC's cost does not depend on the values
     rows, tables = [], []

@@ -134,8 +134,9 @@ class ContinuationPredictor:
 
     def __init__(self, config: PredictorConfig = PredictorConfig()) -> None:
         self.config = config
-        torch.manual_seed(config.seed)
-        self.model = continuation_mlp(config)
+        with torch.random.fork_rng(devices=[]):  # seeded weights, the caller's RNG untouched
+            torch.manual_seed(config.seed)
+            self.model = continuation_mlp(config)
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor, pos_weight: torch.Tensor) -> torch.Tensor:
         logits = self.model(x).squeeze(-1)

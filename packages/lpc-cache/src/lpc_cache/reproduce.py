@@ -75,8 +75,7 @@ def _traces(settings: Settings) -> tuple[Trace, Trace, Trace]:
 
 def footprint_tokens(trace: Trace, block_size: int) -> int:
     """Tokens of all distinct blocks the trace ever stores (prompts and replies)."""
-    prepared = prepare(trace, block_size)
-    return len({h for hashes in prepared.sequence for h in hashes}) * block_size
+    return prepare(trace, block_size).footprint_blocks * block_size
 
 
 def _gains(caps: list[int], curves: dict, ours: str, base: str) -> dict:

@@ -17,12 +17,12 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from lpc_cache.cache import PrefixCache, block_hashes
-from lpc_cache.policies import Access, EvictionPolicy, make_policy
+from lpc_cache.policies import Access, BeladyPolicy, EvictionPolicy, make_policy
 from lpc_cache.trace import Trace
 
 
@@ -93,18 +93,30 @@ class PreparedTrace:
     prompt: list
     sequence: list
     continues: list
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def next_use(self) -> list:
         """For each request and each block of its sequence, the trace position of the next request
-        whose sequence holds that block (``inf`` if none): Belady's future knowledge."""
-        seen: dict[int, float] = {}
-        out = [None] * len(self.sequence)
-        for i in range(len(self.sequence) - 1, -1, -1):
-            hashes = self.sequence[i]
-            out[i] = [seen.get(h, math.inf) for h in hashes]
-            for h in hashes:
-                seen[h] = float(i)
-        return out
+        whose sequence holds that block (``inf`` if none): Belady's future knowledge (computed
+        once per prepared trace)."""
+        if "next_use" not in self._memo:
+            seen: dict[int, float] = {}
+            out = [None] * len(self.sequence)
+            for i in range(len(self.sequence) - 1, -1, -1):
+                hashes = self.sequence[i]
+                out[i] = [seen.get(h, math.inf) for h in hashes]
+                for h in hashes:
+                    seen[h] = float(i)
+            self._memo["next_use"] = out
+        return self._memo["next_use"]
+
+    @property
+    def footprint_blocks(self) -> int:
+        """Distinct blocks the trace ever stores (prompts and replies): the capacity at which
+        nothing is evicted."""
+        if "footprint" not in self._memo:
+            self._memo["footprint"] = len({h for hashes in self.sequence for h in hashes})
+        return self._memo["footprint"]
 
 
 def prepare(trace: Trace, block_size: int = 16) -> PreparedTrace:
@@ -187,7 +199,7 @@ def simulate(
     n = len(trace.requests)
     if probabilities is not None and len(probabilities) != n:
         raise ValueError(f"{len(probabilities)} probabilities for {n} requests")
-    next_use = prepared.next_use() if policy.name == "belady" else None
+    next_use = prepared.next_use() if isinstance(policy, BeladyPolicy) else None
     cache = PrefixCache(capacity_tokens, block_size, policy)
     pending: list = []  # (finish time, index, lease)
     server_free = 0.0
@@ -305,8 +317,7 @@ def capacity_for_hit_ratio(
             probabilities=probabilities,
         ).hit_ratio
 
-    prepared = prepare(trace, block_size)
-    hi = len({h for hashes in prepared.sequence for h in hashes})
+    hi = prepare(trace, block_size).footprint_blocks
     if hit_ratio(hi) < target:
         raise ValueError(
             f"target hit ratio {target} is above what this trace allows at any capacity "
