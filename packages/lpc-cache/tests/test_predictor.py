@@ -14,6 +14,7 @@ from lpc_cache import (
     PredictorConfig,
     Request,
     Trace,
+    combined_text,
     mcc,
     roc_auc,
     split_conversations,
@@ -80,7 +81,8 @@ def test_trace_features_stack_history_and_turn_count():
         Request(2.0, "a", 1, prompt, 1, False, texts[1]),
         Request(3.0, "a", 2, prompt, 1, True, texts[2]),
     ]
-    x, y = trace_features(Trace(requests), encoder, history=2)
+    config = PredictorConfig(embedding_dim=16, history=2, features="stacked")
+    x, y = trace_features(Trace(requests), encoder, config)
     emb = encoder.encode(texts)
     assert x.shape == (4, 16 * 3 + 1)
     np.testing.assert_array_equal(y, [1, 0, 1, 0])
@@ -90,7 +92,26 @@ def test_trace_features_stack_history_and_turn_count():
     np.testing.assert_allclose(x[2, 32:48], 0.0)  # a's turn 1 has only one previous prompt
     np.testing.assert_allclose(x[:, -1], np.log1p([1, 1, 2, 3]))
     with pytest.raises(ValueError, match="user_text"):
-        trace_features(Trace([Request(0.0, "a", 0, prompt, 1, True)]), encoder)
+        trace_features(Trace([Request(0.0, "a", 0, prompt, 1, True)]), encoder, config)
+
+    # the paper's combined text: one embedding of the window's prompts, oldest first
+    combined = PredictorConfig(embedding_dim=16, history=1)
+    x, _ = trace_features(Trace(requests), encoder, combined)
+    assert x.shape == (4, 16 + 1) == (4, combined.input_dim)
+    sep = "\nThe next user query is: "
+    windows = [texts[0], texts[3], texts[0] + sep + texts[1], texts[1] + sep + texts[2]]
+    np.testing.assert_allclose(x[:, :16], encoder.encode(windows))
+    np.testing.assert_allclose(x[:, -1], np.log1p([1, 1, 2, 3]))
+
+
+def test_combined_text_splits_the_word_budget():
+    """Budget 8 over 2 prompts: 4 words each; a longer prompt keeps 2 first and 2 last words."""
+    long = "w1 w2 w3 w4 w5 w6 w7"
+    assert combined_text(["a b", long], 8) == "a b\nThe next user query is: w1 w2 ... w6 w7"
+    assert combined_text([long], 3) == "w1 ... w6 w7"
+    assert combined_text([], 8) == ""
+    with pytest.raises(ValueError, match="features"):
+        PredictorConfig(features="mean")
 
 
 def test_bad_inputs():

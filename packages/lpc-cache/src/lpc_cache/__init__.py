@@ -19,6 +19,7 @@ from lpc_cache.policies import (
 from lpc_cache.predictor import (
     ContinuationPredictor,
     PredictorConfig,
+    combined_text,
     mcc,
     roc_auc,
     split_conversations,
@@ -75,6 +76,7 @@ __all__ = [
     "build_trace",
     "capacity_at_hit_ratio",
     "capacity_for_hit_ratio",
+    "combined_text",
     "load_trace",
     "make_policy",
     "mcc",

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(args) -> int:
-    from lpc_cache.encoders import SentenceEncoder
+    from lpc_cache.encoders import MINILM_WORD_BUDGET, SentenceEncoder
     from lpc_cache.predictor import (
         ContinuationPredictor,
         PredictorConfig,
@@ -123,12 +123,14 @@ def _train(args) -> int:
 
     trace = load_trace(args.trace)
     encoder = SentenceEncoder(cache_dir=Path(args.out))
-    config = PredictorConfig(embedding_dim=encoder.dim, seed=args.seed)
+    config = PredictorConfig(
+        embedding_dim=encoder.dim, word_budget=MINILM_WORD_BUDGET, seed=args.seed
+    )
     val_ids, train_ids = split_conversations(
         trace.conversations, (args.validation_fraction, 1 - args.validation_fraction), args.seed
     )
-    x_train, y_train = trace_features(trace.subset(train_ids), encoder, config.history)
-    x_val, y_val = trace_features(trace.subset(val_ids), encoder, config.history)
+    x_train, y_train = trace_features(trace.subset(train_ids), encoder, config)
+    x_val, y_val = trace_features(trace.subset(val_ids), encoder, config)
     predictor = ContinuationPredictor(config)
     history = predictor.fit(x_train, y_train, x_val, y_val)
     predictor.save(args.out)

@@ -45,13 +45,17 @@ class HashingEncoder:
         return out / np.maximum(norms, 1e-12)
 
 
+# words of the predictor's combined text that fit MiniLM's 256 word pieces (about 1.3 pieces a
+# word), so the current prompt, which comes last, is not cut off; the paper's e5 takes 512
+MINILM_WORD_BUDGET = 192
+
+
 class SentenceEncoder:
     """A sentence-transformers model truncated to ``max_tokens`` word pieces per text.
 
     Args:
         model: a ``SentenceTransformer`` (default: ``benchdata.minilm_encoder()``).
-        max_tokens: word pieces kept per text (the paper splits a 512-token budget over the
-            current and 4 previous prompts: about 100 each).
+        max_tokens: word pieces kept per text (256: MiniLM's own limit).
         batch_size: texts per forward pass.
         cache_dir: folder of an embedding cache (``<name>.npz``), or None.
         name: model name in the cache keys.
@@ -61,7 +65,7 @@ class SentenceEncoder:
         self,
         model=None,
         *,
-        max_tokens: int = 102,
+        max_tokens: int = 256,
         batch_size: int = 64,
         cache_dir: str | Path | None = None,
         name: str = "all-MiniLM-L6-v2",

