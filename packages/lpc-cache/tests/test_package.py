@@ -96,3 +96,28 @@ def test_cli_help_and_version():
     assert exit_info.value.code == 0
     assert lpc_cache.__version__ == "0.1.0"
     assert np.isfinite(lpc_cache.ServingModel().prefill_s_per_token)
+
+
+def test_cli_bad_input_is_a_clear_error(tmp_path, capsys):
+    path = _write_trace(tmp_path / "t.jsonl")
+    base = ["simulate", "--trace", str(path), "--capacity-tokens"]
+    for args, message in (
+        ([*base, "100", "--policy", "mru"], "unknown policy 'mru'"),
+        ([*base, "-5", "--policy", "lru"], "capacity_tokens must be"),
+        (
+            [
+                "simulate",
+                "--trace",
+                str(tmp_path / "no.jsonl"),
+                "--capacity-tokens",
+                "1",
+                "--policy",
+                "lru",
+            ],
+            "no trace file",
+        ),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(args)
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err

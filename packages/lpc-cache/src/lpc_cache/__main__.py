@@ -96,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train-predictor":
         return _train(args)
     if args.command in ("simulate", "sweep"):
-        return _simulate(args)
+        try:
+            return _simulate(args)
+        except (ValueError, TypeError, FileNotFoundError) as error:  # bad trace or arguments
+            parser.exit(2, f"lpc-cache {args.command}: error: {error}\n")
     if args.command == "reproduce":
         from lpc_cache.reproduce import run
 
