@@ -93,3 +93,7 @@ def test_accuracy_bad_input():
     net = LogicNet(4, [10], 2, seed=0, backend="reference")
     with pytest.raises(ValueError, match="same non-zero length"):
         accuracy(net, torch.zeros(3, 4), torch.zeros(2, dtype=torch.long), train_mode=False)
+    # a non-positive batch size used to skip every batch and report accuracy 0
+    with pytest.raises(ValueError, match="batch_size"):
+        accuracy(net, torch.zeros(3, 4), torch.zeros(3, dtype=torch.long), train_mode=False,
+                 batch_size=-1)  # fmt: skip

@@ -84,6 +84,13 @@ def test_checkpoint_halves_from_different_steps_are_refused(tmp_path, digits):
         load_checkpoint(tmp_path)
 
 
+def test_train_refuses_empty_data(digits):
+    """An empty training set used to train on empty batches (NaN loss) without complaint."""
+    with pytest.raises(ValueError, match="non-empty"):
+        train(_config(2), digits.x_train[:0], digits.y_train[:0], digits.x_test, digits.y_test,
+              num_classes=10, progress=False)  # fmt: skip
+
+
 def test_cli_train_then_compile(tmp_path, capsys):
     out = tmp_path / "run"
     code = main(

@@ -18,6 +18,8 @@ __all__ = ["DiscretizationGap", "GateUsage", "accuracy", "discretization_gap", "
 def accuracy(net, x: torch.Tensor, y: torch.Tensor, *, train_mode: bool, batch_size: int = 1024):
     """Accuracy of ``net`` on ``(x, y)`` in training mode (relaxed, or Gumbel-sampled with one
     sample per batch) or eval mode (discretized); the module's mode is restored afterwards."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if x.shape[0] != y.shape[0] or x.shape[0] == 0:
         raise ValueError(f"x and y need the same non-zero length, got {x.shape[0]}, {y.shape[0]}")
     was_training = net.training

@@ -190,9 +190,10 @@ def train(
         backend: logic-layer backend (``None`` = automatic).
         progress: show a tqdm bar.
     """
-    if x_train.dim() != 2 or x_train.shape[0] != y_train.shape[0]:
+    if x_train.dim() != 2 or x_train.shape[0] != y_train.shape[0] or x_train.shape[0] == 0:
         raise ValueError(
-            f"x_train (N, F) and y_train (N,) disagree: {x_train.shape}, {y_train.shape}"
+            f"x_train (N, F) and y_train (N,) must be non-empty and agree: {x_train.shape}, "
+            f"{y_train.shape}"
         )
     encoder = ThermometerEncoder.uniform(config.num_thresholds)
     net = LogicNet.from_config(config.net_config(x_train.shape[1], num_classes), backend=backend)
