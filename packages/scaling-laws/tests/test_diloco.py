@@ -227,3 +227,18 @@ def test_two_replicas_match_a_hand_written_diloco(two_replicas):
     start = [p.detach() for p in build_model(spec).parameters()]
     moved = max(float((g - s).abs().max()) for g, s in zip(global_params, start, strict=True))
     assert moved > 0.05  # the outer steps moved the weights far beyond the tolerance
+
+
+def test_a_replica_that_raises_stops_the_job_and_reports_its_traceback():
+    """No deadlock: replica 0 waits in the step-4 all-reduce that replica 1 (raised after step 2)
+    never joins; the launcher stops it long before the 300 s collective timeout, and the error
+    names the failing replica and carries its traceback."""
+    import time
+
+    spec = _spec(fail_at_step=2, fail_rank=1, fail_by_raising=True)
+    started = time.perf_counter()
+    with pytest.raises(WorkerFailed, match="fault drill: replica 1 raised after step 2") as error:
+        launch_local(train_job, 2, (spec,), timeout_s=300)
+    assert error.value.rank == 1 and error.value.exitcode == 1
+    assert "Traceback" in error.value.traceback
+    assert time.perf_counter() - started < 120

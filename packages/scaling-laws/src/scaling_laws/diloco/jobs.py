@@ -52,6 +52,8 @@ class JobSpec:
         checkpoint_dir / checkpoint_every: see :meth:`DiLoCoTrainer.fit`.
         fail_at_step / fail_rank: fault drill: replica ``fail_rank`` exits with code 3 right after
             step ``fail_at_step`` (and its checkpoint, if one is due): resume by launching again.
+        fail_by_raising: the drill raises ``RuntimeError`` instead (a bug in user code) while
+            the other replicas wait in the next collective.
     """
 
     config: DiLoCoConfig
@@ -66,6 +68,7 @@ class JobSpec:
     checkpoint_every: int | None = None
     fail_at_step: int | None = None
     fail_rank: int = 0
+    fail_by_raising: bool = False
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -141,6 +144,8 @@ def train_job(rank: int, world_size: int, spec: JobSpec) -> dict:
         if trainer.step % sync_every == 0 or trainer.step == spec.config.total_steps:
             digests.append((trainer.step, parameter_digest(model)))
         if trainer.step == spec.fail_at_step and rank == spec.fail_rank:
+            if spec.fail_by_raising:
+                raise RuntimeError(f"fault drill: replica {rank} raised after step {trainer.step}")
             os._exit(FAILURE_EXIT_CODE)
 
     losses = trainer.fit(

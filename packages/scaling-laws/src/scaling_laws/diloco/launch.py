@@ -18,6 +18,7 @@ import queue as queue_module
 import shutil
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,11 +35,19 @@ BACKENDS = ("gloo", "nccl")
 class WorkerFailed(RuntimeError):
     """A replica exited with a non-zero code (the job was stopped)."""
 
-    def __init__(self, rank: int, exitcode: int) -> None:
-        super().__init__(
-            f"replica {rank} exited with code {exitcode}; the other replicas were stopped"
-        )
-        self.rank, self.exitcode = rank, exitcode
+    def __init__(self, rank: int, exitcode: int, traceback_text: str | None = None) -> None:
+        message = f"replica {rank} exited with code {exitcode}; the other replicas were stopped"
+        if traceback_text:
+            message += f"\n--- replica {rank} raised ---\n{traceback_text}"
+        super().__init__(message)
+        self.rank, self.exitcode, self.traceback = rank, exitcode, traceback_text
+
+
+class _Raised:
+    """What a replica puts on the result queue when ``fn`` raised: the formatted traceback."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
 
 
 def _worker(rank, world_size, store_path, backend, timeout_s, threads, fn, args, results):
@@ -54,7 +63,12 @@ def _worker(rank, world_size, store_path, backend, timeout_s, threads, fn, args,
         timeout=dt.timedelta(seconds=timeout_s),
     )
     try:
-        results.put((rank, fn(rank, world_size, *args)))
+        try:
+            value = fn(rank, world_size, *args)
+        except BaseException:
+            results.put((rank, _Raised(traceback.format_exc())))
+            raise
+        results.put((rank, value))
     finally:
         dist.destroy_process_group()
 
@@ -113,17 +127,28 @@ def launch_local(
             process.start()
             processes.append(process)
         collected: dict[int, Any] = {}
-        while True:
-            try:
-                rank, value = results.get(timeout=0.05)
+
+        def drain(timeout: float | None) -> None:
+            while True:
+                try:
+                    rank, value = results.get(timeout=timeout) if timeout else results.get_nowait()
+                except queue_module.Empty:
+                    return
                 collected[rank] = value
-            except queue_module.Empty:
-                pass
+                timeout = None
+
+        while True:
+            drain(0.05)
             failed = [
                 (r, p.exitcode) for r, p in enumerate(processes) if p.exitcode not in (None, 0)
             ]
             if failed:
-                raise WorkerFailed(*failed[0])
+                drain(None)  # a traceback sent just before the exit
+                rank, exitcode = failed[0]
+                raised = collected.get(rank)
+                raise WorkerFailed(
+                    rank, exitcode, raised.text if isinstance(raised, _Raised) else None
+                )
             if all(p.exitcode == 0 for p in processes) and len(collected) == nprocs:
                 break
             if all(p.exitcode == 0 for p in processes):
@@ -137,6 +162,9 @@ def launch_local(
                 process.terminate()
         for process in processes:
             process.join(timeout=10)
+            if process.is_alive():  # ignored SIGTERM (e.g. stuck in a collective)
+                process.kill()
+                process.join()
         shutil.rmtree(folder, ignore_errors=True)
 
 
