@@ -239,6 +239,7 @@ def test_a_replica_that_raises_stops_the_job_and_reports_its_traceback():
     started = time.perf_counter()
     with pytest.raises(WorkerFailed, match="fault drill: replica 1 raised after step 2") as error:
         launch_local(train_job, 2, (spec,), timeout_s=300)
-    assert error.value.rank == 1 and error.value.exitcode == 1
+    assert error.value.rank == 1
+    assert error.value.exitcode == 1
     assert "Traceback" in error.value.traceback
     assert time.perf_counter() - started < 120

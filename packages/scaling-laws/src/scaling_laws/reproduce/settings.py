@@ -32,8 +32,8 @@ class Settings:
     diloco_inner_steps: int = 10
     diloco_batch: int = 16
     diloco_lr: float = 1e-2
-    # the paper tunes the outer lr in 0.2-1.0; 0.4 (the lowest of 0.4/0.7/1.0) was best at every M
-    # and 1.0 worst by >0.15 nats, so the grid reaches below the paper's range to bracket the optimum
+    # the paper tunes the outer lr in 0.2-1.0; 0.4 (lowest of 0.4/0.7/1.0) was best at every M
+    # and 1.0 worst by >0.15 nats: the grid reaches below the paper's range to bracket the optimum
     diloco_outer_lrs: tuple[float, ...] = (0.1, 0.2, 0.4, 0.7)
     replicas: tuple[int, ...] = (1, 2, 4)
     data_parallel_workers: int = 2
