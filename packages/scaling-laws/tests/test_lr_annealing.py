@@ -141,6 +141,27 @@ def test_schedule_helpers_agree_with_direct_prediction():
     assert table[0.0] == pytest.approx(ranked["constant"], rel=1e-12)
 
 
+def test_best_wsd_fraction_against_closed_form():
+    """With λ = 0 the final annealing area is the whole drop, S2 = η_0 − 0 (η_0 = lr unless the
+    decay starts at step 1), and a linear decay over k steps leaves S1 = lr·(T − k) +
+    lr·(k − 1)/2: final loss L0 + A·S1^−α − C·S2. Two laws: a small C (annealing gains less than
+    the lost area: constant wins) and a large C (the shortest decay on the grid wins)."""
+    total, lr = 1000, 1e-3
+    fractions = [0.0, 0.1, 0.2, 0.5, 1.0]
+    for c, winner in ((0.35, 0.0), (50.0, 0.1)):
+        law = LRAnnealingLaw(L0=2.9, A=0.5, alpha=0.55, C=c, decay=0.0)
+        best, table = best_wsd_fraction(law, total, lr, fractions=fractions)
+        expected = {0.0: law.L0 + law.A * (lr * total) ** -law.alpha}
+        for fraction in fractions[1:]:
+            k = round(fraction * total)
+            s1 = lr * (total - k) + lr * (k - 1) / 2
+            s2 = lr if k < total else lr * (1 - 1 / k)
+            expected[fraction] = law.L0 + law.A * s1**-law.alpha - law.C * s2
+        for fraction in fractions:
+            assert table[fraction] == pytest.approx(expected[fraction], rel=1e-12)
+        assert best == winner == min(expected, key=expected.get)
+
+
 @pytest.mark.parametrize(
     ("curve", "match"),
     [
