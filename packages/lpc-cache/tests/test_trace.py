@@ -10,6 +10,7 @@ import pytest
 
 from lpc_cache import (
     Request,
+    ServingModel,
     Trace,
     TraceConfig,
     build_trace,
@@ -209,3 +210,20 @@ def test_capacity_for_hit_ratio_matches_a_linear_scan():
         assert capacity_for_hit_ratio(trace, "lru", target, block_size=8) == expected
     with pytest.raises(ValueError, match="above what this trace allows"):
         capacity_for_hit_ratio(trace, "lru", 0.999, block_size=8)
+
+
+def test_serving_model_known_answer():
+    """Prefill = base + per_token · uncached tokens on one FIFO server; TTFT = wait + prefill.
+    Request 0 (t=0, 8 uncached tokens): prefill 1 + 0.5·8 = 5 s, TTFT 5. Request 1 (t=1, 4
+    tokens, another conversation) waits until 5, prefills 1 + 0.5·4 = 3 s: TTFT 7. Throughput:
+    2 requests / 8 busy seconds. Percentiles interpolate linearly between 5 and 7."""
+    serving = ServingModel(prefill_base_s=1.0, prefill_s_per_token=0.5, decode_s_per_token=10.0)
+    requests = [
+        _request(0.0, "a", 0, list(range(8)), 4, True),
+        _request(1.0, "b", 0, list(range(100, 104)), 2, True),
+    ]
+    result = simulate(Trace(requests), "lru", 1000, block_size=4, serving=serving)
+    assert result.prefill_throughput == pytest.approx(2 / 8)
+    assert (result.ttft_p50_s, result.ttft_p90_s) == pytest.approx((6.0, 6.8))
+    with pytest.raises(ValueError, match="prefill_base_s"):
+        ServingModel(prefill_base_s=-1.0)
