@@ -11,7 +11,7 @@ import pytest
 from kernels_common import Claim, ReproduceResults
 from kernels_common.__main__ import main
 from kernels_common.plotting import plot_curves
-from kernels_common.report import write_index
+from kernels_common.report import write_index, write_summary
 
 
 def claim(**overrides) -> Claim:
@@ -112,6 +112,18 @@ def test_save_refuses_missing_or_absolute_figures(tmp_path):
         ReproduceResults("p", "t", (claim(),), figures=("curve.png",)).save(tmp_path)
     with pytest.raises(ValueError, match="relative to the results directory"):
         ReproduceResults("p", "t", (claim(),), figures=("/tmp/x.png",))
+
+
+def test_summary_has_every_claim_its_verdict_the_plots_and_the_extra_tables(tmp_path):
+    results = results_with_plot(tmp_path)
+    path = write_summary(results, tmp_path, extra="| method | ppl |\n|---|---:|\n| a | 3.0 |")
+    text = path.read_text()
+    assert path.name == "summary.md"
+    rows = {line.split(" | ")[0]: line for line in text.splitlines() if line.startswith("| ")}
+    assert rows["| memory vs non-DP"].endswith("| yes |")  # 1.1 <= 1.15
+    assert rows["| throughput"].endswith("| **no** |")  # 0.5 < 0.9
+    assert "![loss](loss.png)" in text  # relative to the folder holding summary.md
+    assert text.rstrip().endswith("| a | 3.0 |")
 
 
 def test_index_without_packages_says_so(tmp_path):

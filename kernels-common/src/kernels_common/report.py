@@ -47,6 +47,23 @@ def render_results(results: ReproduceResults, figure_prefix: str = "") -> str:
     return "\n".join(lines)
 
 
+SUMMARY_FILE = "summary.md"
+
+
+def write_summary(results: ReproduceResults, directory: str | Path, extra: str = "") -> Path:
+    """Write ``<directory>/summary.md``: :func:`render_results` of one run, then ``extra``.
+
+    ``extra`` is Markdown appended as is (a package's own tables: curves, per-method rows). The
+    figure links are relative to ``directory``, where ``results.save`` put the plots.
+    """
+    path = Path(directory) / SUMMARY_FILE
+    text = render_results(results)
+    if extra.strip():
+        text = text.rstrip() + "\n\n" + extra.strip()
+    path.write_text(text.rstrip() + "\n")
+    return path
+
+
 @dataclass(frozen=True)
 class IndexSummary:
     """What :func:`write_index` wrote and what it could not report."""

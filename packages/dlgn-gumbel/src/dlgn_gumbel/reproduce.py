@@ -21,6 +21,7 @@ from dlgn_gumbel.compiled import compile_logic_net
 from dlgn_gumbel.data import load_images
 from dlgn_gumbel.metrics import gate_usage
 from dlgn_gumbel.train import TrainConfig, TrainResult, train
+from kernels_common.report import write_summary
 from kernels_common.results import Claim, ReproduceResults
 
 logger = logging.getLogger(__name__)
@@ -267,12 +268,5 @@ def _run(out: Path, quick: bool, settings: ReproduceSettings | None) -> Reproduc
         elapsed_s=time.perf_counter() - started,
     )
     results.save(out)
-    lines = [f"# {results.title}", "", summary, "", "| claim | paper | measured | expected | ok |"]
-    lines.append("|---|---|---:|---|---|")
-    for c in claims:
-        lines.append(
-            f"| {c.name} | {c.paper} | {c.measured:.4g} {c.unit} | {c.expectation} | "
-            f"{'yes' if c.passed else 'no'} |"
-        )
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    write_summary(results, out)
     return results

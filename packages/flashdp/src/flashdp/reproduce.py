@@ -25,6 +25,7 @@ from flashdp.private import get_controller, make_private
 from flashdp.sampling import PoissonSampler
 from flashdp.tiny_gpt import GPTConfig, SequenceCrossEntropy, TinyGPT
 from kernels_common import Claim, ReproduceResults
+from kernels_common.report import write_summary
 
 logger = logging.getLogger(__name__)
 
@@ -290,12 +291,5 @@ def run(out: str | Path, *, quick: bool = True) -> ReproduceResults:
         elapsed_s=time.perf_counter() - started,
     )
     results.save(out)
-    lines = [f"# {results.title}", "", summary, "", "| claim | paper | measured | expected | ok |"]
-    lines.append("|---|---|---:|---|---|")
-    for c in claims:
-        lines.append(
-            f"| {c.name} | {c.paper} | {c.measured:.4g} {c.unit} | {c.expectation} | "
-            f"{'yes' if c.passed else 'no'} |"
-        )
-    (out / "summary.md").write_text("\n".join(lines) + "\n\n" + table.to_markdown())
+    write_summary(results, out, extra=table.to_markdown())
     return results

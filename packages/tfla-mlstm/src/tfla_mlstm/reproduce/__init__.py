@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from kernels_common.plotting import plot_curves
+from kernels_common.report import write_summary
 from kernels_common.results import Claim, ReproduceResults
 from tfla_mlstm.reproduce.language_model import LMSettings, train_all
 from tfla_mlstm.reproduce.scaling import log_log_slope, run_scaling
@@ -113,15 +114,5 @@ def reproduce(out: Path, *, quick: bool = True) -> ReproduceResults:
         elapsed_s=time.perf_counter() - start,
     )
     results.save(out)
-    (out / "summary.md").write_text(
-        f"# {results.title}\n\n"
-        + "\n".join(
-            f"- **{c.name}**: paper: {c.paper}; measured {c.measured:.3f} {c.unit} -> "
-            f"{'agrees' if c.passed else 'does not agree'}"
-            for c in claims
-        )
-        + "\n\n"
-        + results.summary
-        + "\n"
-    )
+    write_summary(results, out)
     return results
