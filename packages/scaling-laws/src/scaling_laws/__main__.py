@@ -26,8 +26,9 @@ logger = logging.getLogger("scaling_laws")
 
 
 def read_schedule(path: str | Path, warmup_steps: int = 0):
-    """``(lrs, curve)`` from a CSV (``lr`` and optional ``loss`` per step) or JSON file;
-    ``curve`` is an :class:`AnnealingCurve`, or None when the file holds no losses."""
+    """``(lrs, curve, warmup_steps)`` from a CSV (``lr`` and optional ``loss`` per step) or JSON
+    file; ``curve`` is an :class:`AnnealingCurve`, or None when the file holds no losses; a JSON
+    file's own ``warmup_steps`` wins over the argument."""
     from scaling_laws.lr_annealing import AnnealingCurve
 
     path = Path(path)
@@ -39,8 +40,8 @@ def read_schedule(path: str | Path, warmup_steps: int = 0):
             raise ValueError(f"{path}: a JSON curve needs 'lrs' (and 'steps', 'losses')")
         lrs, warmup = np.asarray(data["lrs"], float), data.get("warmup_steps", warmup_steps)
         if not data.get("losses"):
-            return lrs, None
-        return lrs, AnnealingCurve(lrs, data["steps"], data["losses"], warmup)
+            return lrs, None, warmup
+        return lrs, AnnealingCurve(lrs, data["steps"], data["losses"], warmup), warmup
     with path.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     if not rows or "lr" not in rows[0]:
@@ -48,9 +49,9 @@ def read_schedule(path: str | Path, warmup_steps: int = 0):
     lrs = np.array([float(row["lr"]) for row in rows])
     observed = [(i + 1, float(row["loss"])) for i, row in enumerate(rows) if row.get("loss")]
     if not observed:
-        return lrs, None
+        return lrs, None, warmup_steps
     steps, losses = zip(*observed, strict=True)
-    return lrs, AnnealingCurve(lrs, list(steps), list(losses), warmup_steps)
+    return lrs, AnnealingCurve(lrs, list(steps), list(losses), warmup_steps), warmup_steps
 
 
 def _fit_annealing(args: argparse.Namespace, out: Path) -> dict:
@@ -58,17 +59,16 @@ def _fit_annealing(args: argparse.Namespace, out: Path) -> dict:
     from scaling_laws.lr_annealing import fit, relative_error
 
     fitted = {Path(p).stem: read_schedule(p, args.warmup_steps) for p in args.curves}
-    for name, (_, curve) in fitted.items():
+    for name, (_, curve, _) in fitted.items():
         if curve is None:
             raise ValueError(f"curve {name!r} has no losses to fit")
-    law = fit([curve for _, curve in fitted.values()], decay=args.decay, n_bootstrap=args.bootstrap)
+    law = fit([curve for _, curve, _ in fitted.values()], decay=args.decay, n_bootstrap=args.bootstrap)
     targets = {
         **fitted,
         **{Path(p).stem: read_schedule(p, args.warmup_steps) for p in args.predict},
     }
     rows, plot, errors = [], {}, {}
-    for name, (lrs, curve) in targets.items():
-        warmup = curve.warmup_steps if curve is not None else args.warmup_steps
+    for name, (lrs, curve, warmup) in targets.items():
         predicted = law.predict(lrs, warmup_steps=warmup)
         rows += [
             (name, i + 1, float(lr), float(v))
