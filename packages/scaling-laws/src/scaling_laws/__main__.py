@@ -62,7 +62,9 @@ def _fit_annealing(args: argparse.Namespace, out: Path) -> dict:
     for name, (_, curve, _) in fitted.items():
         if curve is None:
             raise ValueError(f"curve {name!r} has no losses to fit")
-    law = fit([curve for _, curve, _ in fitted.values()], decay=args.decay, n_bootstrap=args.bootstrap)
+    law = fit(
+        [curve for _, curve, _ in fitted.values()], decay=args.decay, n_bootstrap=args.bootstrap
+    )
     targets = {
         **fitted,
         **{Path(p).stem: read_schedule(p, args.warmup_steps) for p in args.predict},
