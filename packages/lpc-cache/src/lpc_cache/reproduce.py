@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from kernels_common import Claim, ReproduceResults
+from kernels_common.report import write_summary
 from lpc_cache.encoders import MINILM_WORD_BUDGET, SentenceEncoder
 from lpc_cache.policies import make_policy
 from lpc_cache.predictor import (
@@ -245,15 +246,7 @@ def run(
         elapsed_s=time.perf_counter() - started,
     )
     results.save(out)
-    lines = [f"# {results.title}", "", summary, "", "| claim | paper | measured | expected | ok |"]
-    lines.append("|---|---|---:|---|---|")
-    for c in claims:
-        ok = "yes" if c.passed else "no"
-        lines.append(
-            f"| {c.name} | {c.paper} | {c.measured:.4g} {c.unit} | {c.expectation} | {ok} |"
-        )
-    lines += ["", "Token hit ratio by capacity:", "", *table]
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    write_summary(results, out, extra="\n".join(["Token hit ratio by capacity:", "", *table]))
     return results
 
 
