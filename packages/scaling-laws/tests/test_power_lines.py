@@ -153,3 +153,16 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="objectives"):
         pareto_front(np.zeros(3))
     assert power_lines.PAPER_TAU_EXPONENT == -0.52
+
+
+def test_exactly_determined_fit_reports_no_interval():
+    """Two points fix a one-variable power law exactly: a bootstrap cannot measure uncertainty
+    (every usable resample is the same two points), so no interval is reported rather than a
+    zero-width one."""
+    law = fit_power_law([2.0, 8.0], [3.0, 0.75], n_bootstrap=200)
+    assert law.exponents[0] == pytest.approx(-1.0, rel=1e-12)
+    assert law.coefficient_interval is None
+    assert law.exponent_intervals == ()
+    three = fit_power_law([2.0, 8.0, 32.0], [3.0, 0.8, 0.19], n_bootstrap=200)
+    lo, hi = three.exponent_intervals[0]
+    assert lo < hi  # scatter about the line gives a real interval

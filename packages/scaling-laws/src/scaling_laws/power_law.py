@@ -16,11 +16,14 @@ Example:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 
 __all__ = ["PowerLaw", "fit_power_law"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,11 @@ def fit_power_law(
         raise ValueError(f"interval must be two fractions lo < hi in [0, 1], got {interval}")
     theta = _solve(x, y)
     coefficient_interval, exponent_intervals = None, ()
-    if n_bootstrap:
+    if n_bootstrap and len(y) == k + 1:
+        # an exactly determined fit: every usable resample is the same points, so the percentile
+        # interval would have zero width and look like certainty; report none instead
+        logger.warning("%d points for %d parameters: no bootstrap intervals", len(y), k + 1)
+    elif n_bootstrap:
         rng = np.random.default_rng(seed)
         samples = []
         for _ in range(n_bootstrap):

@@ -66,7 +66,8 @@ def run(data: LMData, s: Settings, out: Path) -> tuple[list[Claim], list[str], d
     optima = tau_opt_per_setting(records)
     try:
         law = fit_tau_law(records, n_bootstrap=1000)
-        exponent, interval = law.exponents[0], law.exponent_intervals[0]
+        exponent = law.exponents[0]
+        interval = law.exponent_intervals[0] if law.exponent_intervals else (math.nan, math.nan)
     except ValueError as error:
         logger.warning("τ law not fitted: %s", error)
         law, exponent, interval = None, math.nan, (math.nan, math.nan)
