@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from pathlib import Path
 
@@ -104,7 +105,7 @@ def test_trainer_counts_and_lope_two_stages():
     assert torch.equal(b_d[1], b_d[3])  # stage II: B_D frozen
     assert not torch.equal(b[3], b[1])  # and the experts learn
     assert perplexity(lope, [make(texts[:2])]) > 1.0
-    assert exact_match(lope, tok, arithmetic_problems(2, 0), max_new_tokens=2) in (0.0, 0.5, 1.0)
+    assert exact_match(lope, tok, arithmetic_problems(2, 0)) in (0.0, 0.5, 1.0)
 
 
 def test_unknown_method_and_model():
@@ -115,3 +116,78 @@ def test_unknown_method_and_model():
 
     with pytest.raises(ValueError, match="unknown model 'gpt5'"):
         load_model("gpt5")
+
+
+def _greedy_verdict(learner, tok, question: str, answer: str) -> bool:
+    """Oracle for ``exact_match``: token-by-token ``generate`` (greedy, no cache shortcuts)."""
+    q = tok(question)["input_ids"]
+    a = tok(answer)["input_ids"]
+    ids = torch.tensor([q])
+    out = learner.model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=len(a) + 1,
+        do_sample=False,
+        pad_token_id=tok.pad_token_id,
+    )[0, len(q) :].tolist()
+    return out[: len(a)] == a and not tok.decode(out[len(a) :])[:1].isdigit()
+
+
+@pytest.mark.parametrize("method", ["full", "capt"])
+def test_exact_match_equals_greedy_generate(method):
+    model, tok = tiny_llama()
+    learner = build_learner(method, model, tok, TrainSettings(steps=1))
+    learner.model.eval()
+    problems = []
+    for i, (question, answer) in enumerate(arithmetic_problems(12, seed=1, max_value=9)):
+        if i % 2:  # answers that greedy decoding does produce (its first 1-3 tokens)
+            ids = torch.tensor([tok(question)["input_ids"]])
+            out = learner.model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=1 + i % 3,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+            )
+            answer = tok.decode(out[0, ids.shape[1] :].tolist()) or " 1"
+        problems.append((question, answer))
+    verdicts = [_greedy_verdict(learner, tok, q, a) for q, a in problems]
+    assert any(verdicts)
+    assert not all(verdicts)
+    for problem, verdict in zip(problems, verdicts, strict=True):
+        assert exact_match(learner, tok, [problem]) == float(verdict)
+    # batched (right-padded, different lengths) gives the same count
+    assert exact_match(learner, tok, problems, batch_size=5) == sum(verdicts) / len(problems)
+
+
+def test_exact_match_rejects_empty():
+    model, tok = tiny_llama()
+    with pytest.raises(ValueError, match="at least one problem"):
+        exact_match(build_learner("full", model, tok, TrainSettings()), tok, [])
+
+
+def test_prompt_tuning_baseline_has_ptmoe_text_init():
+    pytest.importorskip("peft")
+    model, tok = tiny_llama()
+    settings = TrainSettings(num_virtual_tokens=7, init_text="abc")
+    learner = build_learner("prompt-tuning", model, tok, settings)
+    prompt = learner.model.prompt_encoder["default"].embedding.weight
+    ids = torch.tensor([97, 98, 99, 97, 98, 99, 97])  # bytes of "abc" repeated to T = 7
+    assert torch.equal(prompt, model.get_input_embeddings().weight[ids])
+
+
+def test_beats_claim_is_strict_and_flags_degenerate_measurements():
+    from peft_zoo.reproduce import beats_claim
+
+    def claim(ours, theirs, higher=True):
+        return beats_claim("c", "p", ours, theirs, "u", higher, floor=0.0, ceiling=100.0)
+
+    assert claim(12.5, 10.0).passed
+    assert claim(12.5, 10.0).measured == 2.5
+    assert not claim(10.0, 12.5).passed
+    for ours, theirs in ((0.0, 0.0), (100.0, 100.0), (40.0, 40.0)):  # tie: not measured
+        result = claim(ours, theirs)
+        assert math.isnan(result.measured)
+        assert not result.passed
+    assert claim(80.0, 81.0, higher=False).passed  # lower is better (perplexity)
+    assert not claim(81.0, 81.0, higher=False).passed

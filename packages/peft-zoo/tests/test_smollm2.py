@@ -1,16 +1,14 @@
-"""The methods on the real SmolLM2-135M (slow: loading and running the model takes ~1 minute)."""
+"""The methods on the real SmolLM2-135M (``benchdata[smollm2]``, part of the ``test`` extra)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
+import benchdata
 import peft_zoo as pz
 
 
-@pytest.mark.slow
 def test_smollm2_ptmoe_svd_init_and_capt_left_padded_generate():
-    benchdata = pytest.importorskip("benchdata")
     lm = benchdata.smollm2_135m()
     model, tok = lm.model.eval(), lm.tokenizer
     ptmoe = pz.get_peft_model(

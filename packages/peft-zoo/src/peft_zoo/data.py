@@ -81,13 +81,15 @@ def lm_batch(tokenizer, texts: list[str], max_len: int, context_len: int) -> Bat
     return _pack(tokenizer, pieces)
 
 
-def qa_batch(tokenizer, pairs: list[tuple[str, str]]) -> Batch:
-    """Question/answer pairs; loss on the answer (and an end-of-sequence token)."""
+def qa_batch(tokenizer, pairs: list[tuple[str, str]], eos: bool = True) -> Batch:
+    """Question/answer pairs; loss on the answer (and, if ``eos``, an end-of-sequence token)."""
     pieces = []
     for question, answer in pairs:
         q = tokenizer(question, add_special_tokens=False)["input_ids"]
-        a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        pieces.append((q, a))
+        a = tokenizer(answer, add_special_tokens=False)["input_ids"]
+        if not q or not a:
+            raise ValueError(f"question and answer must both have tokens, got {(question, answer)}")
+        pieces.append((q, [*a, tokenizer.eos_token_id] if eos else a))
     return _pack(tokenizer, pieces)
 
 
@@ -96,7 +98,10 @@ _ITEMS = ("apples", "books", "coins", "pens", "cards", "shells")
 
 
 def arithmetic_problems(count: int, seed: int, max_value: int = 50) -> list[tuple[str, str]]:
-    """Generated word problems with one addition or subtraction: ``(question, answer)``."""
+    """Generated word problems with one addition or subtraction of numbers in ``[1, max_value]``:
+    ``(question, answer)``, the answer a space and the integer (e.g. ``" 12"``)."""
+    if max_value < 2:
+        raise ValueError(f"max_value must be >= 2, got {max_value}")
     rng = random.Random(seed)
     problems = []
     for _ in range(count):

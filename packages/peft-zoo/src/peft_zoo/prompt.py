@@ -194,6 +194,14 @@ class PromptModel(PeftZooModel):
         return dict(self.adapter.named_parameters())
 
 
+def init_token_ids(tokenizer, text: str, length: int) -> list[int]:
+    """``text``'s token ids repeated and cut to ``length`` (peft's ``TEXT`` prompt init)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ValueError(f"the init text {text!r} has no tokens")
+    return (ids * (length // len(ids) + 1))[:length]
+
+
 def embedding_std(model: nn.Module) -> float:
     """Standard deviation of the input embedding matrix (scale for random prompt inits)."""
     return model.get_input_embeddings().weight.detach().float().std().item()

@@ -15,7 +15,7 @@ from torch import nn
 
 from peft_zoo.arch import hidden_size
 from peft_zoo.config import PTMoEConfig
-from peft_zoo.prompt import PromptModel, embedding_std, masked_mean
+from peft_zoo.prompt import PromptModel, embedding_std, init_token_ids, masked_mean
 
 logger = logging.getLogger(__name__)
 
@@ -69,11 +69,7 @@ class PTMoEModel(PromptModel):
         super().__init__(base_model, config)
         self.adapter = PTMoEPrompt(config, hidden_size(base_model), embedding_std(base_model))
         if config.init_text is not None and tokenizer is not None:
-            ids = tokenizer(config.init_text, add_special_tokens=False)["input_ids"]
-            if not ids:
-                raise ValueError("init_text has no tokens")
-            t = config.num_virtual_tokens
-            ids = (ids * (t // len(ids) + 1))[:t]  # repeated to T tokens, as peft's TEXT init
+            ids = init_token_ids(tokenizer, config.init_text, config.num_virtual_tokens)
             embedding = base_model.get_input_embeddings()
             self.adapter.svd_init(embedding(torch.tensor(ids, device=embedding.weight.device)))
         elif config.init_text is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -43,6 +44,8 @@ class Plan:
             ``context_len`` are context (no loss, and what prompt methods may summarise).
         train_texts, eval_texts, forget_texts: how many fortunes / ShareGPT texts are used.
         qa_train, qa_eval: arithmetic problems for training / exact match.
+        qa_steps: optimizer steps on the arithmetic task (every method there gets the same).
+        qa_max_value: operands of the arithmetic problems are drawn from ``[1, qa_max_value]``.
         qa_methods, noise_methods: methods run on (b) and (c); (a) and (d) run all.
         noise_fractions, noise_char_rate: share of corrupted training texts and per-character
             noise rate inside a corrupted text.
@@ -58,22 +61,26 @@ class Plan:
     qa_eval: int
     qa_methods: tuple[str, ...]
     noise_methods: tuple[str, ...]
+    qa_steps: int = 100
+    qa_max_value: int = 50
     noise_fractions: tuple[float, ...] = (0.05, 0.2)
     noise_char_rate: float = 0.15
     model: str = "smollm2-135m"
 
 
 QUICK = Plan(
-    train=TrainSettings(steps=10, batch_size=4, num_virtual_tokens=16, ptmoe_rank=12),
+    train=TrainSettings(steps=8, batch_size=4, num_virtual_tokens=16, ptmoe_rank=12),
     max_len=32,
     context_len=8,
     train_texts=400,
     eval_texts=16,
     forget_texts=8,
-    qa_train=200,
-    qa_eval=20,
+    qa_train=400,
+    qa_eval=64,
     qa_methods=("prompt-tuning", "lora", "ptmoe"),
     noise_methods=("lora", "lope"),
+    qa_steps=16,
+    qa_max_value=9,
 )
 FULL = Plan(
     train=TrainSettings(steps=300, batch_size=8),
@@ -86,6 +93,8 @@ FULL = Plan(
     qa_eval=200,
     qa_methods=METHODS,
     noise_methods=("full", "lora", "lope"),
+    qa_steps=300,
+    qa_max_value=20,
 )
 
 
@@ -97,7 +106,7 @@ def run(out: str | Path, *, quick: bool = True, model_name: str | None = None) -
     """Run the plan, write ``results.json``, ``summary.md`` and plots into ``out``."""
     from benchdata import fortunes_corpus
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _CpuClock()
     plan = QUICK if quick else FULL
     if model_name is not None:
         plan = replace(plan, model=model_name)
@@ -110,8 +119,12 @@ def run(out: str | Path, *, quick: bool = True, model_name: str | None = None) -
     eval_batches = [lm(c) for c in _chunks(corpus.validation[: plan.eval_texts], 8)]
     forget = sharegpt_replies(plan.forget_texts)
     forget_batches = [lm(c) for c in _chunks(forget, 8)]
-    problems = arithmetic_problems(plan.qa_train + plan.qa_eval, seed=plan.train.seed)
+    problems = arithmetic_problems(
+        plan.qa_train + plan.qa_eval, seed=plan.train.seed, max_value=plan.qa_max_value
+    )
     qa_train, qa_eval = problems[: plan.qa_train], problems[plan.qa_train :]
+    base_params = sum(p.numel() for p in base.parameters())
+    cpu.lap("load")
 
     plain = Learner("base", base, None, 0)  # the untouched model (every run adapts a copy)
     base_ppl, base_forget = perplexity(plain, eval_batches), perplexity(plain, forget_batches)
@@ -119,6 +132,7 @@ def run(out: str | Path, *, quick: bool = True, model_name: str | None = None) -
     logger.info(
         "base: fortunes ppl %.2f, ShareGPT ppl %.2f, EM %.3f", base_ppl, base_forget, base_em
     )
+    cpu.lap("base evaluation")
 
     rows: dict[str, dict] = {}
     curves = {}
@@ -143,13 +157,16 @@ def run(out: str | Path, *, quick: bool = True, model_name: str | None = None) -
         logger.info("(a) %s: %s", method, rows[method])
         checkpoint()
         del learner
+    cpu.lap("(a)+(d) fortunes and forgetting")
+    qa_settings = replace(plan.train, steps=plan.qa_steps)
     for method in plan.qa_methods:  # (b)
-        learner = build_learner(method, copy.deepcopy(base), tok, plan.train)
-        train(learner, qa_train, lambda pairs: qa_batch(tok, pairs), plan.train)
+        learner = build_learner(method, copy.deepcopy(base), tok, qa_settings)
+        train(learner, qa_train, lambda pairs: qa_batch(tok, pairs), qa_settings)
         rows[method]["arithmetic_em"] = exact_match(learner, tok, qa_eval)
         logger.info("(b) %s: EM %.3f", method, rows[method]["arithmetic_em"])
         checkpoint()
         del learner
+    cpu.lap("(b) arithmetic")
     for fraction in plan.noise_fractions:  # (c)
         noisy = corrupt(train_texts, fraction, plan.noise_char_rate, seed=plan.train.seed)
         for method in plan.noise_methods:
@@ -160,8 +177,9 @@ def run(out: str | Path, *, quick: bool = True, model_name: str | None = None) -
             checkpoint()
             del learner
 
+    cpu.lap("(c) noise")
     figures = _plots(out, rows, curves, base_ppl)
-    claims = _claims(plan, rows, base_ppl)
+    claims = _claims(plan, rows, base_params)
     summary = _summary(plan, rows, base_ppl, base_forget, base_em)
     results = ReproduceResults(
         package="peft-zoo",
@@ -179,12 +197,29 @@ def run(out: str | Path, *, quick: bool = True, model_name: str | None = None) -
                 "arithmetic_em": base_em,
             },
             "rows": rows,
+            "cpu_s": cpu.laps,
+            "cpu_s_total": sum(cpu.laps.values()),
         },
         elapsed_s=time.perf_counter() - started,
     )
     results.save(out)
     (out / "summary.md").write_text(_markdown(results, rows, plan))
     return results
+
+
+class _CpuClock:
+    """CPU time (``time.process_time``: all threads of this process) spent per phase; on a shared
+    machine this is what a phase costs, whatever else runs."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.process_time()
+
+    def lap(self, name: str) -> None:
+        now = time.process_time()
+        self.laps[name] = round(now - self._last, 1)
+        self._last = now
+        logger.info("CPU time of %s: %.0f s", name, self.laps[name])
 
 
 def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -219,7 +254,38 @@ def _plots(out: Path, rows: dict, curves: dict, base_ppl: float) -> tuple[str, .
     return ("ppl_vs_params.png", "train_loss.png")
 
 
-def _claims(plan: Plan, rows: dict, base_ppl: float) -> tuple[Claim, ...]:
+def beats_claim(
+    name: str,
+    paper: str,
+    ours: float,
+    theirs: float,
+    unit: str,
+    higher_is_better: bool,
+    floor: float | None = None,
+    ceiling: float | None = None,
+    paper_value: float | None = None,
+) -> Claim:
+    """The claim "ours is better than theirs", strict: ``measured = ours - theirs``.
+
+    A tie, or both values at the metric's ``floor`` / ``ceiling`` (e.g. exact match 0 for both:
+    the task did not measure anything), is not evidence either way: the measurement becomes NaN
+    (reported as not measured), which never passes.
+    """
+    degenerate = ours == theirs or any(
+        bound is not None and ours == bound and theirs == bound for bound in (floor, ceiling)
+    )
+    return Claim(
+        name=name,
+        paper=paper,
+        measured=math.nan if degenerate else ours - theirs,
+        unit=unit,
+        direction="at_least" if higher_is_better else "at_most",
+        threshold=0.0,
+        paper_value=paper_value,
+    )
+
+
+def _claims(plan: Plan, rows: dict, base_params: int) -> tuple[Claim, ...]:
     claims = [
         Claim(
             name="PT-MoE parameters vs LoRA",
@@ -233,35 +299,35 @@ def _claims(plan: Plan, rows: dict, base_ppl: float) -> tuple[Claim, ...]:
         Claim(
             name="CaPT parameter share",
             paper="CaPT is nearly parameter-free (0.003% of Llama-3.2-1B)",
-            measured=100 * rows["capt"]["trainable"] / 134_515_008,
-            unit="% of SmolLM2-135M",
+            measured=100 * rows["capt"]["trainable"] / base_params,
+            unit=f"% of {plan.model}",
             direction="at_most",
             threshold=0.003,
             paper_value=0.003,
         ),
-        Claim(
-            name="CaPT vs prompt tuning (fortunes ppl)",
-            paper="one capsule token beats multi-token prompt tuning",
-            measured=rows["capt"]["fortunes_ppl"] - rows["prompt-tuning"]["fortunes_ppl"],
-            unit="ppl difference (CaPT − PT)",
-            direction="at_most",
-            threshold=0.0,
+        beats_claim(
+            "CaPT vs prompt tuning (fortunes ppl)",
+            "one capsule token beats multi-token prompt tuning",
+            rows["capt"]["fortunes_ppl"],
+            rows["prompt-tuning"]["fortunes_ppl"],
+            "ppl difference (CaPT − PT)",
+            higher_is_better=False,
         ),
-        Claim(
-            name="NanoAdam generalisation (fortunes ppl)",
-            paper="NanoAdam generalises better than AdamW (GLUE 85.65 vs 84.58)",
-            measured=rows["nanoadam"]["fortunes_ppl"] - rows["full"]["fortunes_ppl"],
-            unit="ppl difference (NanoAdam − AdamW)",
-            direction="at_most",
-            threshold=0.0,
+        beats_claim(
+            "NanoAdam generalisation (fortunes ppl)",
+            "NanoAdam generalises better than AdamW (GLUE 85.65 vs 84.58)",
+            rows["nanoadam"]["fortunes_ppl"],
+            rows["full"]["fortunes_ppl"],
+            "ppl difference (NanoAdam − AdamW)",
+            higher_is_better=False,
         ),
-        Claim(
-            name="NanoAdam forgetting (ShareGPT ppl)",
-            paper="NanoAdam forgets less than AdamW",
-            measured=rows["nanoadam"]["sharegpt_ppl"] - rows["full"]["sharegpt_ppl"],
-            unit="ppl difference after (a) (NanoAdam − AdamW)",
-            direction="at_most",
-            threshold=0.0,
+        beats_claim(
+            "NanoAdam forgetting (ShareGPT ppl)",
+            "NanoAdam forgets less than AdamW",
+            rows["nanoadam"]["sharegpt_ppl"],
+            rows["full"]["sharegpt_ppl"],
+            "ppl difference after (a) (NanoAdam − AdamW)",
+            higher_is_better=False,
         ),
         Claim(
             name="NanoAdam optimizer memory",
@@ -278,14 +344,15 @@ def _claims(plan: Plan, rows: dict, base_ppl: float) -> tuple[Claim, ...]:
         for peer, label, gain in (("prompt-tuning", "PT", 10.75), ("lora", "LoRA", 0.44)):
             if "arithmetic_em" in rows.get(peer, {}):
                 claims.append(
-                    Claim(
-                        name=f"PT-MoE vs {label} (arithmetic EM)",
-                        paper=f"PT-MoE beats {label} on math by {gain} points",
-                        measured=100
-                        * (rows["ptmoe"]["arithmetic_em"] - rows[peer]["arithmetic_em"]),
-                        unit="EM points",
-                        direction="at_least",
-                        threshold=0.0,
+                    beats_claim(
+                        f"PT-MoE vs {label} (arithmetic EM)",
+                        f"PT-MoE beats {label} on math by {gain} points",
+                        100 * rows["ptmoe"]["arithmetic_em"],
+                        100 * rows[peer]["arithmetic_em"],
+                        "exact-match points (PT-MoE − peer)",
+                        higher_is_better=True,
+                        floor=0.0,
+                        ceiling=100.0,
                         paper_value=gain,
                     )
                 )
@@ -293,13 +360,13 @@ def _claims(plan: Plan, rows: dict, base_ppl: float) -> tuple[Claim, ...]:
         key = f"noisy{round(100 * fraction)}_ppl"
         if key in rows.get("lope", {}) and key in rows.get("lora", {}):
             claims.append(
-                Claim(
-                    name=f"LoPE vs LoRA, {round(100 * fraction)}% noisy texts",
-                    paper="LoPE is more robust to noisy training data than LoRA",
-                    measured=rows["lope"][key] - rows["lora"][key],
-                    unit="clean held-out ppl difference (LoPE − LoRA)",
-                    direction="at_most",
-                    threshold=0.0,
+                beats_claim(
+                    f"LoPE vs LoRA, {round(100 * fraction)}% noisy texts",
+                    "LoPE is more robust to noisy training data than LoRA",
+                    rows["lope"][key],
+                    rows["lora"][key],
+                    "clean held-out ppl difference (LoPE − LoRA)",
+                    higher_is_better=False,
                 )
             )
     return tuple(claims)
@@ -307,16 +374,19 @@ def _claims(plan: Plan, rows: dict, base_ppl: float) -> tuple[Claim, ...]:
 
 def _summary(plan: Plan, rows: dict, base_ppl: float, base_forget: float, base_em: float) -> str:
     t = plan.train
+    noise = ", ".join(f"{round(100 * f)}%" for f in plan.noise_fractions)
     return (
         f"{plan.model}, every method {t.steps} steps of batch {t.batch_size}; fortunes texts cut "
         f"to {plan.max_len} tokens (first {plan.context_len} are context, perplexity on the rest) "
         f"from {plan.train_texts} training texts, {plan.eval_texts} held-out texts; arithmetic: "
-        f"{plan.qa_train} generated problems for training, {plan.qa_eval} for exact match "
-        f"({', '.join(plan.qa_methods)}); noise: {', '.join(plan.noise_methods)} at "
-        f"{', '.join(f'{round(100 * f)}%' for f in plan.noise_fractions)} corrupted texts "
-        f"(character noise rate {plan.noise_char_rate}); forgetting: {plan.forget_texts} ShareGPT "
-        f"replies. Prompt tuning / PT-MoE use T = {t.num_virtual_tokens} (PT-MoE R = "
-        f"{t.ptmoe_rank}, 2 experts). Base model: fortunes ppl {base_ppl:.2f}, ShareGPT ppl "
+        f"{plan.qa_train} generated word problems (one + or − of numbers in "
+        f"1..{plan.qa_max_value}) for training, {plan.qa_steps} steps per method, "
+        f"{plan.qa_eval} held out for greedy exact match, computed teacher-forced in one pass "
+        f"({', '.join(plan.qa_methods)}); noise: {', '.join(plan.noise_methods)} at {noise} "
+        f"corrupted texts (character noise rate {plan.noise_char_rate}); forgetting: "
+        f"{plan.forget_texts} ShareGPT replies. Prompt tuning / PT-MoE use "
+        f"T = {t.num_virtual_tokens} (PT-MoE R = {t.ptmoe_rank}, 2 experts), both initialised "
+        f"from the same text. Base model: fortunes ppl {base_ppl:.2f}, ShareGPT ppl "
         f"{base_forget:.2f}, arithmetic EM {base_em:.2f}."
     )
 
@@ -335,8 +405,19 @@ def _markdown(results: ReproduceResults, rows: dict, plan: Plan) -> str:
     lines += ["", "| claim | paper | measured | expected | ok |", "|---|---|---:|---|---|"]
     for c in results.claims:
         lines.append(
-            f"| {c.name} | {c.paper} | {c.measured:.4g} {c.unit} | {c.expectation} | "
+            f"| {c.name} | {c.paper} | {_measured(c)} | {c.expectation} | "
             f"{'yes' if c.passed else 'no'} |"
         )
-    lines.append(f"\nElapsed: {results.elapsed_s:.0f} s.")
+    cpu = results.settings["cpu_s"]
+    lines.append(
+        f"\nElapsed: {results.elapsed_s:.0f} s wall, {sum(cpu.values()):.0f} s CPU time ("
+        + ", ".join(f"{k} {v:.0f} s" for k, v in cpu.items())
+        + ")."
+    )
     return "\n".join(lines) + "\n"
+
+
+def _measured(claim: Claim) -> str:
+    if math.isnan(claim.measured):
+        return f"not measured (tie or degenerate; {claim.unit})"
+    return f"{claim.measured:.4g} {claim.unit}"

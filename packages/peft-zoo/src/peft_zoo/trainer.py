@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import re
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,12 +24,12 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from peft_zoo.config import CaPTConfig, LoPEConfig, PTMoEConfig
-from peft_zoo.data import Batch, pad_id
+from peft_zoo.data import Batch, qa_batch
 from peft_zoo.lope import LoPEModel
 from peft_zoo.mapping import get_peft_model
 from peft_zoo.nanoadam import NanoAdam
 from peft_zoo.noise import char_noise, embedding_noise_hook
-from peft_zoo.prompt import PromptModel, causal_lm_loss
+from peft_zoo.prompt import PromptModel, causal_lm_loss, init_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +108,7 @@ class Learner:
         return causal_lm_loss(self.logits(batch), batch.labels)
 
 
-def _peft(method: str, model: nn.Module, settings: TrainSettings) -> nn.Module:
+def _peft(method: str, model: nn.Module, tokenizer, settings: TrainSettings) -> nn.Module:
     try:
         import peft
     except ImportError as error:  # pragma: no cover - depends on the environment
@@ -128,7 +127,18 @@ def _peft(method: str, model: nn.Module, settings: TrainSettings) -> nn.Module:
     with warnings.catch_warnings():
         # peft 0.19 calls a transformers attribute that transformers 5 marks deprecated
         warnings.filterwarnings("ignore", "`is_gradient_checkpointing`", FutureWarning)
-        return peft.get_peft_model(model, config)
+        wrapped = peft.get_peft_model(model, config)
+    if method == "prompt-tuning":
+        # the same text initialisation as PT-MoE's: the embeddings of ``init_text`` repeated to
+        # T tokens. This is what peft's ``prompt_tuning_init="TEXT"`` computes, done here because
+        # peft would reload the tokenizer by name (the trainer's tokenizers need not have one).
+        ids = init_token_ids(tokenizer, settings.init_text, settings.num_virtual_tokens)
+        embedding = model.get_input_embeddings()
+        with torch.no_grad():
+            wrapped.prompt_encoder["default"].embedding.weight.copy_(
+                embedding(torch.tensor(ids, device=embedding.weight.device))
+            )
+    return wrapped
 
 
 def build_learner(method: str, model: nn.Module, tokenizer, settings: TrainSettings) -> Learner:
@@ -141,7 +151,7 @@ def build_learner(method: str, model: nn.Module, tokenizer, settings: TrainSetti
         for p in model.parameters():
             p.requires_grad_(True)
     elif method in ("lora", "prompt-tuning"):
-        wrapped = _peft(method, model, settings)
+        wrapped = _peft(method, model, tokenizer, settings)
     elif method == "ptmoe":
         config = PTMoEConfig(
             num_virtual_tokens=settings.num_virtual_tokens,
@@ -242,30 +252,31 @@ def perplexity(learner: Learner, batches: list[Batch]) -> float:
     return math.exp(total / max(count, 1))
 
 
-_NUMBER = re.compile(r"-?\d+")
-
-
 @torch.no_grad()
 def exact_match(
-    learner: Learner, tokenizer, problems: list[tuple[str, str]], max_new_tokens: int = 6
+    learner: Learner, tokenizer, problems: list[tuple[str, str]], batch_size: int = 32
 ) -> float:
-    """Share of problems whose first generated integer equals the answer (greedy, batch 1)."""
+    """Share of problems that greedy decoding answers exactly, computed without decoding.
+
+    Greedy decoding of ``question`` produces ``answer``'s tokens followed by a token that does
+    not continue the number exactly when, teacher-forced on ``question + answer``, the argmax at
+    every answer position is the answer's next token and the argmax after the last answer token
+    does not start with a digit. One forward pass per ``batch_size`` problems gives the same
+    verdict as token-by-token ``generate`` (tested against it) at a fraction of the cost.
+    """
+    if not problems:
+        raise ValueError("exact_match needs at least one problem")
     learner.model.eval()
     correct = 0
-    for question, answer in problems:
-        ids = torch.tensor([tokenizer(question, add_special_tokens=False)["input_ids"]])
-        with warnings.catch_warnings():
-            # peft's prompt tuning drops position ids while generating, and says so each call
-            warnings.filterwarnings("ignore", "Position ids are not supported", UserWarning)
-            out = learner.model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=pad_id(tokenizer),
-            )
-        if out.shape[1] > ids.shape[1] and torch.equal(out[:, : ids.shape[1]], ids):
-            out = out[:, ids.shape[1] :]
-        found = _NUMBER.search(tokenizer.decode(out[0].tolist(), skip_special_tokens=True))
-        correct += found is not None and found.group() == answer.strip()
+    for start in range(0, len(problems), batch_size):
+        batch = qa_batch(tokenizer, problems[start : start + batch_size], eos=False)
+        predicted = learner.logits(batch).argmax(-1)  # (B, L): the greedy next token at t
+        targets = batch.labels[:, 1:]
+        answer = targets != -100
+        tokens_ok = ((predicted[:, :-1] == targets) | ~answer).all(1)
+        last = batch.attention_mask.sum(1) - 1  # right-padded: index of the last answer token
+        after = predicted[torch.arange(len(last)), last]
+        for ok, token in zip(tokens_ok.tolist(), after.tolist(), strict=True):
+            text = tokenizer.decode([token], skip_special_tokens=True)
+            correct += ok and not text[:1].isdigit()
     return correct / len(problems)
