@@ -88,6 +88,25 @@ def test_mask_refreshes_every_m_steps_and_follows_magnitude():
         assert state["indices"].tolist() == expected, step
 
 
+def test_each_parameter_group_refreshes_on_its_own_interval():
+    fast = torch.nn.Parameter(torch.tensor([0.1, 5.0]))
+    slow = torch.nn.Parameter(torch.tensor([0.1, 5.0]))
+    nano = pz.NanoAdam(
+        [{"params": [fast], "mask_interval": 1}, {"params": [slow], "mask_interval": 4}],
+        lr=1e-2,
+        density=0.5,
+    )
+    for p in (fast, slow):
+        p.grad = torch.ones(2)
+    nano.step()
+    with torch.no_grad():  # swap the magnitudes: only the interval-1 group sees it next step
+        fast.copy_(torch.tensor([5.0, 0.1]))
+        slow.copy_(torch.tensor([5.0, 0.1]))
+    nano.step()
+    assert nano.state[fast]["indices"].tolist() == [1]
+    assert nano.state[slow]["indices"].tolist() == [0]
+
+
 def test_moments_kept_for_entries_that_stay_selected():
     p = torch.nn.Parameter(torch.tensor([0.1, 0.2, 5.0, 6.0]))
     nano = pz.NanoAdam([p], lr=1e-3, density=0.5, mask_interval=2)

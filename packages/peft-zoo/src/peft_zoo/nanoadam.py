@@ -90,10 +90,11 @@ class NanoAdam(Optimizer):
         return density
 
     @torch.no_grad()
-    def refresh_masks(self) -> None:
+    def refresh_masks(self, groups: list[dict] | None = None) -> None:
         """Re-select every tensor's entries by ``|θ|`` (no gradients needed), keeping the moments
-        of entries that stay selected."""
-        for group in self.param_groups:
+        of entries that stay selected. ``groups``: the parameter groups to refresh (default all).
+        """
+        for group in self.param_groups if groups is None else groups:
             density = self.current_density(group)
             for p in group["params"]:
                 state = self.state[p]
@@ -116,11 +117,14 @@ class NanoAdam(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        interval = self.param_groups[0]["mask_interval"]
-        if self.global_step % interval == 0 or any(
-            "indices" not in self.state[p] for g in self.param_groups for p in g["params"]
-        ):
-            self.refresh_masks()
+        due = [  # each group refreshes on its own interval (and whenever a tensor has no mask)
+            g
+            for g in self.param_groups
+            if self.global_step % g["mask_interval"] == 0
+            or any("indices" not in self.state[p] for p in g["params"])
+        ]
+        if due:
+            self.refresh_masks(due)
         self.global_step += 1
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
