@@ -121,6 +121,36 @@ def test_data_parallel_replicas_identical_every_step():
     assert len(rank0["digests"]) == 6
     assert rank0["digests"] == rank1["digests"] == rank2["digests"]
     assert rank0["communicated_bytes"] == 6 * MLP_PARAMS * 4  # one gradient all-reduce a step
+    # the oracle: one AdamW on the mean of the three replicas' gradients (each replica's batch
+    # from generator seed + rank), clipped after averaging. gloo may sum three fp32 buffers in
+    # another order than (a + b) + c: ~1 ulp per gradient, a few ulps of the weights after 6
+    # steps, hence 1e-6 absolute
+    from scaling_laws.diloco.jobs import _data
+
+    config = spec.config
+    batch_fn, loss_fn, _ = _data(spec)
+    model = build_model(spec)
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=config.inner_lr,
+        betas=config.inner_betas,
+        weight_decay=config.inner_weight_decay,
+    )
+    generators = [torch.Generator().manual_seed(config.seed + r) for r in range(3)]
+    for step in range(config.total_steps):
+        grads = []
+        for rank in range(3):
+            model.zero_grad()
+            loss_fn(model, batch_fn(step, rank, generators[rank])).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for i, p in enumerate(model.parameters()):
+            p.grad = (grads[0][i] + grads[1][i] + grads[2][i]) / 3
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        for group in optimizer.param_groups:
+            group["lr"] = config.inner_lr_at(step)
+        optimizer.step()
+    for ours, reference in zip(rank0["final"], model.parameters(), strict=True):
+        np.testing.assert_allclose(ours, reference.detach().numpy(), rtol=0, atol=1e-6)
 
 
 def test_kill_and_resume_reproduces_the_uninterrupted_run(two_replicas, tmp_path):
