@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from kernels_common import ReproduceResults
+from kernels_common.report import write_summary
 from scaling_laws.reproduce.settings import FULL, QUICK, Settings
 
 __all__ = ["FULL", "QUICK", "Settings", "run"]
@@ -60,14 +61,7 @@ def run(
         elapsed_s=time.perf_counter() - started,
     )
     results.save(out)
-    lines = [f"# {results.title}", "", summary, "", "| claim | paper | measured | expected | ok |"]
-    lines.append("|---|---|---:|---|---|")
-    for c in claims:
-        lines.append(
-            f"| {c.name} | {c.paper} | {c.measured:.4g} {c.unit} | {c.expectation} | "
-            f"{'yes' if c.passed else 'no'} |"
-        )
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    write_summary(results, out)
     return results
 
 
