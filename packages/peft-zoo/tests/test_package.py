@@ -105,7 +105,6 @@ def test_trainer_counts_and_lope_two_stages():
     assert torch.equal(b_d[1], b_d[3])  # stage II: B_D frozen
     assert not torch.equal(b[3], b[1])  # and the experts learn
     assert perplexity(lope, [make(texts[:2])]) > 1.0
-    assert exact_match(lope, tok, arithmetic_problems(2, 0)) in (0.0, 0.5, 1.0)
 
 
 def test_unknown_method_and_model():
