@@ -190,3 +190,27 @@ def test_beats_claim_is_strict_and_flags_degenerate_measurements():
         assert not result.passed
     assert claim(80.0, 81.0, higher=False).passed  # lower is better (perplexity)
     assert not claim(81.0, 81.0, higher=False).passed
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"lr": {"full": 1e-4}}, "missing"),
+        ({"lr": {**TrainSettings().lr, "lora": 0.0}}, "positive"),
+        ({"nanoadam_density": 0.0}, "nanoadam_density"),
+        ({"steps": 0}, "steps"),
+    ],
+)
+def test_train_settings_reject_bad_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TrainSettings(**kwargs)
+
+
+def test_arithmetic_problems_respect_max_value():
+    for question, answer in arithmetic_problems(200, seed=0, max_value=9):
+        numbers = [int(n) for n in re.findall(r"\d+", question)]
+        assert all(1 <= n <= 9 for n in numbers)
+        a, b = numbers
+        assert int(answer) == (a + b if "more" in question else a - b)
+    with pytest.raises(ValueError, match="max_value"):
+        arithmetic_problems(3, seed=0, max_value=1)

@@ -32,7 +32,9 @@ def _train(args) -> int:
         report["losses"] = train(learner, corpus.train, make, settings)
         report["ppl_after"] = perplexity(learner, held_out)
     else:
-        problems = arithmetic_problems(2000 + args.eval_size, seed=args.seed)
+        problems = arithmetic_problems(
+            2000 + args.eval_size, seed=args.seed, max_value=args.max_value
+        )
         held_out = problems[2000:]
         report["em_before"] = exact_match(learner, tok, held_out)
         report["losses"] = train(learner, problems[:2000], lambda p: qa_batch(tok, p), settings)
@@ -57,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--lr", type=float, default=None, help="override the method's default")
     train.add_argument("--max-len", type=int, default=64, help="tokens per fortunes text")
     train.add_argument("--eval-size", type=int, default=64, help="held-out texts / problems")
+    train.add_argument(
+        "--max-value", type=int, default=50, help="arithmetic: operands drawn from 1..N"
+    )
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--save", default=None, help="folder for the adapter (adapter methods)")
     reproduce = commands.add_parser("reproduce", help="all methods, one budget, on SmolLM2")

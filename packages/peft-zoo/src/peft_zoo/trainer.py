@@ -83,6 +83,14 @@ class TrainSettings:
             )
         if not 0.0 <= self.lope_stage1_fraction < 1.0:
             raise ValueError("lope_stage1_fraction must be in [0, 1)")
+        missing = sorted(set(METHODS) - set(self.lr))
+        if missing:
+            raise ValueError(f"lr needs a learning rate for every method; missing {missing}")
+        bad = {m: v for m, v in self.lr.items() if not (isinstance(v, int | float) and v > 0)}
+        if bad:
+            raise ValueError(f"learning rates must be positive numbers, got {bad}")
+        if not 0.0 < self.nanoadam_density <= 1.0:
+            raise ValueError(f"nanoadam_density must be in (0, 1], got {self.nanoadam_density}")
 
 
 @dataclass
