@@ -107,6 +107,27 @@ def test_each_parameter_group_refreshes_on_its_own_interval():
     assert nano.state[slow]["indices"].tolist() == [0]
 
 
+def test_entry_joining_late_takes_adams_first_steps():
+    p = torch.nn.Parameter(torch.tensor([0.1, 5.0]))
+    nano = pz.NanoAdam([p], lr=1e-2, density=0.5, mask_interval=20)
+    for _ in range(20):  # entry 0 trains for 20 steps
+        p.grad = torch.ones(2)
+        nano.step()
+    with torch.no_grad():
+        p[0] = 9.0  # the refresh before step 21 swaps in entry 1
+    joined = torch.nn.Parameter(torch.tensor([5.0]))
+    adam = torch.optim.Adam([joined], lr=1e-2, foreach=False)  # a fresh Adam on that entry
+    for step in range(3):
+        grad = torch.tensor([1.0 + step])
+        p.grad = torch.cat([torch.zeros(1), grad])
+        joined.grad = grad
+        nano.step()
+        adam.step()
+        # identical float32 operations up to rounding of the bias corrections
+        torch.testing.assert_close(p[1:].detach(), joined.detach(), atol=1e-6, rtol=1e-6)
+    assert nano.state[p]["indices"].tolist() == [1]
+
+
 def test_moments_kept_for_entries_that_stay_selected():
     p = torch.nn.Parameter(torch.tensor([0.1, 0.2, 5.0, 6.0]))
     nano = pz.NanoAdam([p], lr=1e-3, density=0.5, mask_interval=2)

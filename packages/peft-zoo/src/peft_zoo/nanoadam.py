@@ -2,10 +2,13 @@
 
 Every ``mask_interval`` steps (and at the first step) each parameter tensor's update mask becomes
 its ``k = ceil(density·numel)`` entries of smallest ``|θ|``, chosen without gradients. Adam's
-moments exist only for the selected entries (flat ``int64`` indices plus two ``k``-vectors per
-tensor), so the optimizer state grows with the density; there is no error feedback, gradients of
-unselected entries are dropped. At a refresh, entries that stay selected keep their moments, new
-ones start at zero; the step counter for bias correction is per tensor, as in Adam.
+moments exist only for the selected entries (flat ``int32`` indices, two moment ``k``-vectors
+and an ``int32`` step count per selected entry: 16 bytes per entry in float32), so the optimizer
+state grows with the density; there is no error feedback, gradients of unselected entries are
+dropped. At a refresh, entries that stay selected keep their moments and step counts, new ones
+start at zero. Bias correction uses each entry's own step count, so an entry that joins the mask
+late takes Adam's first steps (``≈ lr``), not steps scaled by a tensor-wide counter (which would
+give it up to ~6.5·lr with the default betas while its moments warm up).
 
 Example:
     >>> w = torch.nn.Parameter(torch.tensor([0.1, -2.0, 0.01, 3.0]))
@@ -26,12 +29,14 @@ from torch.optim import Optimizer
 
 
 def bottom_k_indices(values: torch.Tensor, density: float) -> torch.Tensor:
-    """Sorted flat indices of the ``ceil(density·numel)`` entries of smallest ``|values|``."""
+    """Sorted flat indices of the ``ceil(density·numel)`` entries of smallest ``|values|``
+    (``int32`` when the tensor has fewer than 2³¹ entries, else ``int64``)."""
     k = max(1, math.ceil(density * values.numel()))
     flat = values.detach().reshape(-1).abs()
+    dtype = torch.int32 if flat.numel() < 2**31 else torch.int64
     if k >= flat.numel():
-        return torch.arange(flat.numel(), device=values.device)
-    return torch.topk(flat, k, largest=False, sorted=False).indices.sort().values
+        return torch.arange(flat.numel(), device=values.device, dtype=dtype)
+    return torch.topk(flat, k, largest=False, sorted=False).indices.sort().values.to(dtype)
 
 
 class NanoAdam(Optimizer):
@@ -101,15 +106,17 @@ class NanoAdam(Optimizer):
                 indices = bottom_k_indices(p, density)
                 exp_avg = torch.zeros(len(indices), dtype=p.dtype, device=p.device)
                 exp_avg_sq = torch.zeros_like(exp_avg)
+                steps = torch.zeros(len(indices), dtype=torch.int32, device=p.device)
                 if "indices" in state:
                     old = state["indices"]
                     position = torch.searchsorted(old, indices).clamp(max=len(old) - 1)
                     kept = old[position] == indices
                     exp_avg[kept] = state["exp_avg"][position[kept]]
                     exp_avg_sq[kept] = state["exp_avg_sq"][position[kept]]
-                else:
-                    state["step"] = 0
-                state.update(indices=indices, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+                    steps[kept] = state["entry_steps"][position[kept]]
+                state.update(
+                    indices=indices, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq, entry_steps=steps
+                )
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -135,23 +142,22 @@ class NanoAdam(Optimizer):
                     raise TypeError("NanoAdam does not support sparse gradients")
                 state = self.state[p]
                 indices = state["indices"]
-                state["step"] += 1
+                state["entry_steps"] += 1
                 grad = p.grad.reshape(-1).index_select(0, indices)
                 state["exp_avg"].lerp_(grad, 1 - beta1)
                 state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                bias1 = 1 - beta1 ** state["step"]
-                bias2 = 1 - beta2 ** state["step"]
-                # the same operations as torch.optim.Adam's single-tensor path
-                denom = (state["exp_avg_sq"].sqrt() / math.sqrt(bias2)).add_(group["eps"])
-                update = state["exp_avg"] / denom
+                # per-entry bias correction, in float64 like torch.optim.Adam's Python scalars
+                steps = state["entry_steps"].double()
+                bias1 = (1 - beta1**steps).to(p.dtype)
+                bias2_sqrt = (1 - beta2**steps).sqrt().to(p.dtype)
+                # otherwise the same operations as torch.optim.Adam's single-tensor path
+                denom = (state["exp_avg_sq"].sqrt() / bias2_sqrt).add_(group["eps"])
+                update = state["exp_avg"] / denom / bias1
                 flat = p.view(-1)
                 if group["weight_decay"]:
-                    flat.index_copy_(
-                        0,
-                        indices,
-                        flat.index_select(0, indices) * (1 - group["lr"] * group["weight_decay"]),
-                    )
-                flat.index_add_(0, indices, update, alpha=-group["lr"] / bias1)
+                    decay = -group["lr"] * group["weight_decay"]
+                    flat.index_add_(0, indices, flat.index_select(0, indices), alpha=decay)
+                flat.index_add_(0, indices, update, alpha=-group["lr"])
         return loss
 
     def state_bytes(self) -> int:
