@@ -17,6 +17,7 @@ from scaling_laws.diloco import (
     launch_local,
 )
 from scaling_laws.diloco.jobs import FAILURE_EXIT_CODE, JobSpec, build_model, train_job
+from scaling_laws.diloco.launch import _first_failure, _Raised
 
 MLP_PARAMS = 8 * 32 + 32 + 32 + 1  # Linear(8, 32) + Linear(32, 1)
 
@@ -257,6 +258,17 @@ def test_two_replicas_match_a_hand_written_diloco(two_replicas):
     start = [p.detach() for p in build_model(spec).parameters()]
     moved = max(float((g - s).abs().max()) for g, s in zip(global_params, start, strict=True))
     assert moved > 0.05  # the outer steps moved the weights far beyond the tolerance
+
+
+def test_the_root_cause_is_reported_not_the_collective_errors_it_caused():
+    """Replica 1 raises first; replica 0 then fails in an all-reduce with a later traceback;
+    replica 2 dies without raising (killed), which no peer can cause: it is the root cause."""
+    first, later = _Raised("ValueError: the real error"), _Raised("RuntimeError: peer closed")
+    first.time, later.time = 10.0, 10.5
+    assert _first_failure({0: 1, 1: 1}, {0: later, 1: first}) == (1, 1, first.text)
+    assert _first_failure({0: 1, 1: 1}, {0: first, 1: later}) == (0, 1, first.text)
+    assert _first_failure({0: 1, 1: 1, 2: -9}, {0: later, 1: first}) == (2, -9, None)
+    assert _first_failure({0: 3, 1: 3}, {}) == (0, 3, None)  # nothing to tell them apart: rank
 
 
 def test_a_replica_that_raises_stops_the_job_and_reports_its_traceback():

@@ -33,21 +33,57 @@ BACKENDS = ("gloo", "nccl")
 
 
 class WorkerFailed(RuntimeError):
-    """A replica exited with a non-zero code (the job was stopped)."""
+    """A replica exited with a non-zero code (the job was stopped).
 
-    def __init__(self, rank: int, exitcode: int, traceback_text: str | None = None) -> None:
+    ``rank`` is the root cause: a replica that died without raising, else the one whose exception
+    was raised earliest (its peers then fail in a collective, as a consequence).
+    ``also_failed`` lists the ranks that failed after it.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        exitcode: int,
+        traceback_text: str | None = None,
+        also_failed: Sequence[int] = (),
+    ) -> None:
         message = f"replica {rank} exited with code {exitcode}; the other replicas were stopped"
+        if also_failed:
+            message += f" (replicas {sorted(also_failed)} failed after it)"
         if traceback_text:
             message += f"\n--- replica {rank} raised ---\n{traceback_text}"
         super().__init__(message)
         self.rank, self.exitcode, self.traceback = rank, exitcode, traceback_text
+        self.also_failed = tuple(sorted(also_failed))
 
 
 class _Raised:
-    """What a replica puts on the result queue when ``fn`` raised: the formatted traceback."""
+    """What a replica puts on the result queue when ``fn`` raised: the traceback and when."""
 
     def __init__(self, text: str) -> None:
         self.text = text
+        self.time = time.time()
+
+
+FAILURE_GRACE_S = 2.0  # how long the peers of a failed replica get to report their own failure
+
+
+def _first_failure(
+    failed: dict[int, int], collected: dict[int, Any]
+) -> tuple[int, int, str | None]:
+    """The root cause among the failed replicas ``{rank: exitcode}``: a replica that died without
+    raising (killed, ``os._exit``, out of memory: nothing a peer does causes that), else the one
+    that raised first (its peers then raise in a collective), ties by rank."""
+
+    def order(rank: int) -> tuple[int, float, int]:
+        raised = collected.get(rank)
+        if not isinstance(raised, _Raised):
+            return (0, 0.0, rank)
+        return (1, raised.time, rank)
+
+    rank = min(failed, key=order)
+    raised = collected.get(rank)
+    return rank, failed[rank], raised.text if isinstance(raised, _Raised) else None
 
 
 def _worker(rank, world_size, store_path, backend, timeout_s, threads, fn, args, results):
@@ -139,16 +175,18 @@ def launch_local(
 
         while True:
             drain(0.05)
-            failed = [
-                (r, p.exitcode) for r, p in enumerate(processes) if p.exitcode not in (None, 0)
-            ]
-            if failed:
-                drain(None)  # a traceback sent just before the exit
-                rank, exitcode = failed[0]
-                raised = collected.get(rank)
-                raise WorkerFailed(
-                    rank, exitcode, raised.text if isinstance(raised, _Raised) else None
-                )
+            if any(p.exitcode not in (None, 0) for p in processes):
+                # let the peers of the failed replica fail too and send their tracebacks, so the
+                # root cause can be told from the collective errors it causes
+                deadline = time.monotonic() + FAILURE_GRACE_S
+                while time.monotonic() < deadline and any(p.is_alive() for p in processes):
+                    drain(0.05)
+                drain(None)
+                failed = {
+                    r: p.exitcode for r, p in enumerate(processes) if p.exitcode not in (None, 0)
+                }
+                rank, exitcode, text = _first_failure(failed, collected)
+                raise WorkerFailed(rank, exitcode, text, [r for r in failed if r != rank])
             if all(p.exitcode == 0 for p in processes) and len(collected) == nprocs:
                 break
             if all(p.exitcode == 0 for p in processes):
