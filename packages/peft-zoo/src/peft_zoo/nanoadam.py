@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable
 import torch
 from torch.optim import Optimizer
 
+_BIAS_STEPS = 2**17
+
 
 def bottom_k_indices(values: torch.Tensor, density: float) -> torch.Tensor:
     """Sorted flat indices of the ``ceil(density·numel)`` entries of smallest ``|values|``
@@ -135,6 +137,11 @@ class NanoAdam(Optimizer):
         self.global_step += 1
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
+            # 1 - β^t for every count t an entry can have (counts <= global_step); beyond
+            # _BIAS_STEPS both corrections are 1 to double precision for any β <= 0.9995
+            counts = torch.arange(min(self.global_step, _BIAS_STEPS) + 1, dtype=torch.float64)
+            bias1_table = (1 - beta1**counts).float()
+            bias2_sqrt_table = (1 - beta2**counts).sqrt().float()
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -146,10 +153,12 @@ class NanoAdam(Optimizer):
                 grad = p.grad.reshape(-1).index_select(0, indices)
                 state["exp_avg"].lerp_(grad, 1 - beta1)
                 state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                # per-entry bias correction, in float64 like torch.optim.Adam's Python scalars
-                steps = state["entry_steps"].double()
-                bias1 = (1 - beta1**steps).to(p.dtype)
-                bias2_sqrt = (1 - beta2**steps).sqrt().to(p.dtype)
+                # per-entry bias correction, looked up from the group's float64 tables
+                steps = state["entry_steps"]
+                if self.global_step > _BIAS_STEPS:
+                    steps = steps.clamp(max=_BIAS_STEPS)
+                bias1 = bias1_table.to(p.device).index_select(0, steps)
+                bias2_sqrt = bias2_sqrt_table.to(p.device).index_select(0, steps)
                 # otherwise the same operations as torch.optim.Adam's single-tensor path
                 denom = (state["exp_avg_sq"].sqrt() / bias2_sqrt).add_(group["eps"])
                 update = state["exp_avg"] / denom / bias1
