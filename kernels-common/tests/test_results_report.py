@@ -124,6 +124,15 @@ def test_summary_has_every_claim_its_verdict_the_plots_and_the_extra_tables(tmp_
     assert rows["| throughput"].endswith("| **no** |")  # 0.5 < 0.9
     assert "![loss](loss.png)" in text  # relative to the folder holding summary.md
     assert text.rstrip().endswith("| a | 3.0 |")
+    unmeasured = claim(name="tie", measured=math.nan, direction="at_least", threshold=0.0)
+    results = ReproduceResults("p", "t", (unmeasured,))
+    row = next(
+        line
+        for line in write_summary(results, tmp_path).read_text().splitlines()
+        if "| tie" in line
+    )
+    assert "| no value (NaN ratio) |" in row
+    assert row.endswith("| **no** |")
 
 
 def test_index_without_packages_says_so(tmp_path):

@@ -8,6 +8,7 @@ plots of every package.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ INDEX_FILE = "index.md"
 def _format(value: float | None, unit: str = "") -> str:
     if value is None:
         return "-"
+    if math.isnan(value):  # a diverged run, or a claim the run could not measure
+        return f"no value (NaN {unit})".replace(" )", ")")
     text = f"{value:.4g}"
     return f"{text} {unit}".strip()
 
