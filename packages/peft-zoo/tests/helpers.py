@@ -15,32 +15,24 @@ from transformers import (
 )
 
 VOCAB = 96
+# Llama and Qwen2 share the architecture knobs; the same tiny sizes for both
+DECODER_SIZES = {
+    "vocab_size": VOCAB,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+}
+DECODERS = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
 
 
 def tiny_model(kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    if kind == "llama":
-        config = LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=128,
-        )
-        model = LlamaForCausalLM(config)
-    elif kind == "qwen2":
-        config = Qwen2Config(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=128,
-        )
-        model = Qwen2ForCausalLM(config)
+    if kind in DECODERS:
+        config_class, model_class = DECODERS[kind]
+        model = model_class(config_class(**DECODER_SIZES))
     elif kind == "gpt2":
         config = GPT2Config(
             vocab_size=VOCAB,
