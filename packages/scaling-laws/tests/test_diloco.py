@@ -285,3 +285,21 @@ def test_a_replica_that_raises_stops_the_job_and_reports_its_traceback():
     assert error.value.exitcode == 1
     assert "Traceback" in error.value.traceback
     assert time.perf_counter() - started < 120
+
+
+def test_replicas_whose_buffers_drift_apart_fail_loudly(monkeypatch):
+    """BatchNorm's running statistics follow each replica's own batches and DiLoCo averages
+    parameters only: the first sync finds the buffers differ and every replica raises (no hang).
+    A buffer that stays constant passes the same check."""
+    import pathlib
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parent))
+    from diloco_workers import buffer_job
+
+    with pytest.raises(
+        WorkerFailed, match=r"model buffers \['norm.running_mean', 'norm.running_var'\] differ"
+    ):
+        launch_local(buffer_job, 2, (True,), timeout_s=60)
+    rank0, rank1 = launch_local(buffer_job, 2, (False,), timeout_s=60)
+    assert [s for s, _ in rank0] == [2, 4]
+    assert rank0 == rank1

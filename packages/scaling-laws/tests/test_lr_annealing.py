@@ -191,3 +191,25 @@ def test_bad_arguments():
         schedules.wsd(10, 1.0, shape="step")
     with pytest.raises(ValueError, match="warmup_steps"):
         schedules.constant(10, 1.0, warmup_steps=10)
+
+
+def test_curves_without_annealing_cannot_identify_c():
+    """S2 = 0 at every observed step leaves C free (any C fits equally well): the fit refuses
+    instead of returning C = 0, which would predict that annealing never helps."""
+    truth = LRAnnealingLaw(L0=2.9, A=0.5, alpha=0.55, C=0.35)
+    lrs = schedules.constant(400, 2e-3, warmup_steps=20)
+    steps = np.arange(30, 401, 10)
+    constant = (lrs, steps, truth.predict(lrs, warmup_steps=20)[steps - 1], 20)
+    with pytest.raises(ValueError, match="C cannot be identified"):
+        fit([constant])
+    with pytest.raises(ValueError, match="C cannot be identified"):
+        fit([constant, constant])
+    # a WSD run observed only before its decay starts carries no annealing either
+    wsd = schedules.wsd(400, 2e-3, warmup_steps=20, decay_fraction=0.2)
+    early = steps[steps <= 320]
+    with pytest.raises(ValueError, match="C cannot be identified"):
+        fit([(wsd, early, truth.predict(wsd, warmup_steps=20)[early - 1], 20)])
+    # the same WSD run observed through its decay identifies C (noise-free curves: the fit
+    # recovers it to the optimizer's tolerance; 0.1% leaves room for L-BFGS-B's stopping rule)
+    law = fit([constant, (wsd, steps, truth.predict(wsd, warmup_steps=20)[steps - 1], 20)])
+    assert abs(law.C - truth.C) <= 1e-3 * truth.C

@@ -46,6 +46,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 PARAMETERS = ("L0", "A", "alpha", "C")
+# |S2| below this fraction of the peak lr is rounding, not annealing: a constant schedule has
+# S2 = 0 exactly, and one step of a decay to even 1e-6 of the peak lr is far above it
+ANNEALING_AREA_FLOOR = 1e-9
 
 
 def areas(
@@ -248,6 +251,10 @@ def fit(
         n_bootstrap: resamples of the observations for parameter intervals (0: none).
         interval: percentiles (fractions) reported as intervals.
         seed: bootstrap seed.
+
+    Raises:
+        ValueError: fewer than 4 observed losses, or no observed step with a non-zero annealing
+            area (constant schedules alone cannot identify ``C``).
     """
     if isinstance(curves, AnnealingCurve) or not isinstance(curves, Sequence) or not curves:
         raise TypeError("curves must be a non-empty list of curves")
@@ -265,6 +272,12 @@ def fit(
         raise ValueError(f"need at least 4 observed losses to fit 4 parameters, got {len(y)}")
     if np.any(s1 <= 0):
         raise ValueError("every observed step needs a positive forward area (lrs[0] > 0)")
+    if not np.any(np.abs(s2) > ANNEALING_AREA_FLOOR * max(float(c.lrs.max()) for c in parsed)):
+        raise ValueError(
+            "C cannot be identified: the annealing area S2 is zero at every observed step (no "
+            "curve's lr decays after its warmup before its last observed loss, e.g. constant "
+            "schedules only); add a curve whose lr anneals, such as a cosine run"
+        )
     c_max = 10.0 * y.max() / max(np.abs(s2).max(), 1e-12)
     bounds = [(0.0, float(y.max())), (0.0, 1e3 * float(y.max())), (1e-3, 3.0), (0.0, c_max)]
     with _single_thread_blas():

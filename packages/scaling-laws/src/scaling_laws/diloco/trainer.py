@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 from collections.abc import Callable
@@ -99,6 +100,7 @@ class DiLoCoTrainer:
         self.world_size = dist.get_world_size(group) if self.distributed else 1
         self.rank = dist.get_rank(group) if self.distributed else 0
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.buffers = list(model.named_buffers())
         if not self.params:
             raise ValueError("the model has no trainable parameters")
         if self.distributed:
@@ -135,6 +137,37 @@ class DiLoCoTrainer:
             self.communicated_bytes += flat.numel() * flat.element_size()
         return list(flat.split([t.numel() for t in tensors]))
 
+    def _check_buffers(self) -> None:
+        """Raise on every replica at once when the model's buffers differ between replicas.
+
+        Only parameters are synchronised; a buffer that the forward pass updates (BatchNorm's
+        running statistics) would drift apart per replica without any error. One all-gather of
+        an 8-byte sha256 prefix per buffer (not counted in ``communicated_bytes``); every replica
+        sees the same gathered digests, so all raise together and none waits in a collective.
+        """
+        if self.world_size == 1 or not self.buffers:
+            return
+        digests = []
+        for _, buffer in self.buffers:
+            raw = buffer.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy()
+            digest = hashlib.sha256(raw.tobytes()).digest()[:8]
+            digests.append(int.from_bytes(digest, "little", signed=True))
+        local = torch.tensor(digests, dtype=torch.int64, device=self.params[0].device)
+        gathered = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(gathered, local, group=self.group)
+        table = torch.stack(gathered).cpu()
+        differ = [
+            name for i, (name, _) in enumerate(self.buffers) if len(set(table[:, i].tolist())) > 1
+        ]
+        if differ:
+            raise RuntimeError(
+                f"model buffers {differ} differ between the {self.world_size} replicas after "
+                f"step {self.step}: {self.config.algorithm} synchronises parameters only, so "
+                "state that the forward pass updates (e.g. BatchNorm running statistics) drifts "
+                "apart per replica. Use layers without running state (LayerNorm, RMSNorm, "
+                "GroupNorm), BatchNorm(track_running_stats=False), or keep such buffers constant"
+            )
+
     @torch.no_grad()
     def _outer_step(self) -> None:
         deltas = [g - p.detach() for g, p in zip(self.global_params, self.params, strict=True)]
@@ -170,10 +203,10 @@ class DiLoCoTrainer:
             nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
         self.inner.step()
         self.step += 1
-        if self.outer is not None and (
-            self.step % self.config.inner_steps == 0 or self.step == self.config.total_steps
-        ):
-            self._outer_step()
+        if self.step % self.config.inner_steps == 0 or self.step == self.config.total_steps:
+            if self.outer is not None:
+                self._outer_step()
+            self._check_buffers()
         return float(loss.detach())
 
     def fit(
