@@ -31,3 +31,13 @@ class Contribution:
     name: str
     norm2: torch.Tensor
     clipped_sum: Callable[[torch.Tensor], torch.Tensor]
+
+    @classmethod
+    def from_per_example(cls, name: str, grads: torch.Tensor) -> Contribution:
+        """From materialised per-example gradients ``grads: (B, *shape)`` float32."""
+        flat = grads.reshape(grads.shape[0], -1)
+
+        def clipped_sum(coef: torch.Tensor) -> torch.Tensor:
+            return (coef @ flat).view(grads.shape[1:])
+
+        return cls(name, flat.square().sum(1), clipped_sum)

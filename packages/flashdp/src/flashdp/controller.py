@@ -36,6 +36,7 @@ class _Pass:
     graph_task: int
     layers: set[str] = field(default_factory=set)
     pending: list[Contribution] = field(default_factory=list)
+    per_example: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class DPController:
@@ -43,7 +44,8 @@ class DPController:
 
     Get it with :func:`flashdp.get_controller`. Attributes: ``config`` (:class:`PrivacyConfig`),
     ``steps`` (logical batches released so far), ``accountant`` (an :class:`RDPAccountant` when
-    ``config.sample_rate`` is set, else ``None``).
+    ``config.sample_rate`` is set, else ``None``), ``fallback_modules`` (names of the modules run
+    through the vmap fallback).
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class DPController:
         self._pass: _Pass | None = None
         self._accumulating = False
         self._model: weakref.ref[nn.Module] | None = None
+        self.fallback_modules: tuple[str, ...] = ()  # set by make_private
 
     def watch(self, model: nn.Module) -> None:
         """Check ``model`` at every forward with gradients enabled and at every release: a
@@ -106,8 +109,8 @@ class DPController:
 
     # -- called from the layers' backward -------------------------------------------------------
 
-    def record(self, layer: str, batch_size: int, contributions: list[Contribution]) -> None:
-        """Take one layer's per-example contributions (called once per layer per backward)."""
+    def _open_pass(self, layer: str, batch_size: int) -> _Pass:
+        """The current backward pass (opened by the first report), checked for its batch size."""
         graph_task = torch._C._current_graph_task_id()
         if self._pass is not None and self._pass.graph_task != graph_task:
             # The backward pass that opened it raised before its end: its partial sums are not
@@ -131,6 +134,11 @@ class DPController:
                 "the sequence, and do not broadcast one input over the batch, e.g. give GPT-2 "
                 "position_ids of shape (B, T))"
             )
+        return current
+
+    def record(self, layer: str, batch_size: int, contributions: list[Contribution]) -> None:
+        """Take one layer's per-example contributions (called once per layer per backward)."""
+        current = self._open_pass(layer, batch_size)
         if layer in current.layers:
             self.abort()
             raise RuntimeError(
@@ -139,6 +147,18 @@ class DPController:
                 "per call, not once per example; call each DP layer once per forward"
             )
         current.layers.add(layer)
+        self._take(current, contributions)
+
+    def record_per_example(self, layer: str, name: str, grads: torch.Tensor) -> None:
+        """Add materialised per-example gradients ``grads: (B, *shape)`` float32 of parameter
+        ``name`` (the vmap fallback). Calls within one backward pass are summed per example
+        before clipping, so a module run several times per forward is clipped once per example.
+        """
+        current = self._open_pass(layer, grads.shape[0])
+        summed = current.per_example.get(name)
+        current.per_example[name] = grads if summed is None else summed + grads
+
+    def _take(self, current: _Pass, contributions: list[Contribution]) -> None:
         for contribution in contributions:
             if not bool(torch.isfinite(contribution.norm2).all()):
                 self.abort()
@@ -163,6 +183,11 @@ class DPController:
         current, self._pass = self._pass, None
         if current is None:
             return
+        if current.per_example:
+            self._take(
+                current,
+                [Contribution.from_per_example(n, g) for n, g in current.per_example.items()],
+            )
         if current.pending:
             total = torch.stack([c.norm2 for c in current.pending]).sum(0)
             coef = clip_coefficients(total, self.config.max_grad_norm)

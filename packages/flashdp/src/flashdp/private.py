@@ -4,17 +4,20 @@ clipped."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Literal
 
 import torch
 from torch import nn
 
 from flashdp.config import Clipping, LossReduction, PrivacyConfig
 from flashdp.controller import DPController
+from flashdp.fallback import VmapFallback
 from flashdp.layers import DPConv1D, DPEmbedding, DPLayer, DPLayerNorm, DPLinear
 
 SUPPORTED_LAYERS = "nn.Linear, nn.Embedding, nn.LayerNorm, transformers' GPT-2 Conv1D"
 _CONTROLLER_ATTRIBUTE = "_flashdp_controller"
+FALLBACKS = ("vmap",)
 
 
 def _is_hf_conv1d(module: nn.Module) -> bool:
@@ -79,7 +82,8 @@ def _refuse_escape(parameter: nn.Parameter, name: str) -> None:
         raise RuntimeError(
             f"parameter {name!r} received a gradient outside its DP layer (used directly "
             "elsewhere in the forward): that gradient would escape clipping. Use the "
-            "parameter only through its layer, or freeze it"
+            "parameter only through its layer, or freeze it (with fallback='vmap', name the "
+            "module whose forward uses it in fallback_modules)"
         )
 
     parameter.register_hook(hook)
@@ -120,6 +124,8 @@ def make_private(
     sample_rate: float | None = None,
     generator: torch.Generator | None = None,
     backend: str | None = None,
+    fallback: Literal["vmap"] | None = None,
+    fallback_modules: Sequence[str] | None = None,
 ) -> nn.Module:
     """Make ``model`` differentially private: its trainable layers become DP layers in place.
 
@@ -150,13 +156,23 @@ def make_private(
             requires ``expected_batch_size``.
         generator: random generator for the noise (on the parameters' device).
         backend: backend of the fused linear clipping (``"reference"``, ``"triton"``...).
+        fallback: ``None`` (default): trainable parameters outside supported layers are refused.
+            ``"vmap"``: every module that directly holds such parameters (a custom adapter's raw
+            ``nn.Parameter`` s, an ``nn.Conv2d``...) runs one example at a time under
+            ``torch.func.vmap``, and the per-example gradients of all trainable parameters in its
+            subtree are clipped, summed and noised with the rest (:mod:`flashdp.fallback`;
+            ``B × |θ_module|`` memory, so meant for small modules such as adapters).
+        fallback_modules: further modules to run through the vmap fallback as a whole (``""``:
+            the model itself), e.g. a module whose forward uses a parameter held by another;
+            requires ``fallback="vmap"``.
 
     Returns:
         The model (the DP layer itself if ``model`` is a single supported layer).
 
     Raises:
-        ValueError: a trainable parameter outside a supported layer, a parameter shared by two
-            layers, an unsupported layer option, or invalid settings.
+        ValueError: a trainable parameter outside a supported layer (without the fallback), a
+            parameter shared by two layers (outside one fallback module), an unsupported layer
+            option, or invalid settings.
 
     Example:
         >>> import torch
@@ -171,21 +187,22 @@ def make_private(
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if hasattr(model, _CONTROLLER_ATTRIBUTE) or isinstance(model, DPLayer):
         raise ValueError("model is already private")
-    shared = _trainable_shared(model)
-    if shared:
-        raise ValueError(
-            "trainable parameters shared by several modules would be clipped once per use: "
-            f"{sorted(shared.values())}; untie them (tie_word_embeddings=False) or freeze them"
-        )
+    if fallback is not None and fallback not in FALLBACKS:
+        raise ValueError(f"fallback must be None or one of {FALLBACKS}, got {fallback!r}")
+    if fallback_modules is not None and fallback is None:
+        raise ValueError("fallback_modules needs fallback='vmap'")
+    if isinstance(fallback_modules, str):
+        raise TypeError("fallback_modules must be a list of module names, not a string")
     modules = dict(model.named_modules())
-    if target_modules is not None:
-        unknown = sorted(set(target_modules) - set(modules))
+    explicit = [] if fallback_modules is None else list(fallback_modules)
+    for option, names in (("target_modules", target_modules or []), ("fallback_modules", explicit)):
+        unknown = sorted(set(names) - set(modules))
         if unknown:
-            raise ValueError(f"target_modules not found in the model: {unknown}")
+            raise ValueError(f"{option} not found in the model: {unknown}")
     wanted = set(modules) if target_modules is None else set(target_modules)
 
     layers: dict[str, tuple[nn.Module, type[DPLayer], dict[str, str]]] = {}
-    covered: set[str] = set()
+    uncovered: dict[str, dict[str, str]] = {}  # owner module -> its uncovered parameters
     for module_name, module in modules.items():
         own = {
             attribute: f"{module_name}.{attribute}" if module_name else attribute
@@ -195,10 +212,31 @@ def make_private(
         if not own or module_name not in wanted:
             continue
         dp_class = _dp_class(module)
-        if dp_class is not None:
-            _check_replaceable(module_name, module, own)
+        if dp_class is None:
+            uncovered[module_name] = own
+        else:
             layers[module_name] = (module, dp_class, own)
-            covered.update(own.values())
+    roots = _fallback_roots(explicit + (list(uncovered) if fallback else []))
+    if fallback is None and uncovered:
+        raise ValueError(_uncovered_message(modules, uncovered))
+    layers = {k: v for k, v in layers.items() if not any(_inside(k, r) for r in roots)}
+    for module_name, (module, _, own) in layers.items():
+        _check_replaceable(module_name, module, own)
+    fallbacks = {root: _subtree_trainable(modules[root], root) for root in roots}
+    covered = {name for _, _, own in layers.values() for name in own.values()}
+    covered.update(name for names in fallbacks.values() for name in names.values())
+
+    shared = [
+        names
+        for names in _trainable_shared(model).values()
+        if not any(all(_inside(name, root) for name in names) for root in roots)
+    ]
+    if shared:
+        raise ValueError(
+            "trainable parameters shared by several modules would be clipped once per use: "
+            f"{sorted(shared)}; untie them (tie_word_embeddings=False) or freeze them"
+            f"{'' if fallback else ', or run one module holding all uses through the fallback'}"
+        )
     escaping = [
         name for name, p in model.named_parameters() if p.requires_grad and name not in covered
     ]
@@ -208,7 +246,7 @@ def make_private(
             f"{'' if target_modules is None else ', listed in target_modules'}): {escaping}. "
             "Freeze them (requires_grad_(False)) or use supported layers"
         )
-    if not layers:
+    if not layers and not any(fallbacks.values()):
         raise ValueError("model has no trainable parameters to make private")
 
     parameters = dict(model.named_parameters())
@@ -226,6 +264,13 @@ def make_private(
     controller = DPController(config, {name: parameters[name] for name in names}, generator)
     for name in names:
         _refuse_escape(parameters[name], name)
+    for module_name, names_in_module in fallbacks.items():
+        module = modules[module_name]
+        # the forward is replaced on the instance: the module keeps its type, methods, state dict
+        module.forward = VmapFallback(
+            module, controller, names_in_module, module_name or type(module).__name__
+        )
+    controller.fallback_modules = tuple(fallbacks)
     root = model
     for module_name, (module, dp_class, own) in layers.items():
         replacement = dp_class(module, controller, own, module_name or type(module).__name__)
@@ -237,6 +282,39 @@ def make_private(
     object.__setattr__(root, _CONTROLLER_ATTRIBUTE, controller)
     controller.watch(root)
     return root
+
+
+def _inside(name: str, root: str) -> bool:
+    """Whether module or parameter ``name`` lies in the subtree of module ``root``."""
+    return root == "" or name == root or name.startswith(root + ".")
+
+
+def _fallback_roots(candidates: list[str]) -> list[str]:
+    """The outermost of the candidate modules: a module runs under one vmap, with its subtree."""
+    unique = sorted(set(candidates))
+    return [m for m in unique if not any(o != m and _inside(m, o) for o in unique)]
+
+
+def _subtree_trainable(module: nn.Module, prefix: str) -> dict[str, str]:
+    """Path relative to ``module`` -> qualified name, for its subtree's trainable parameters."""
+    return {
+        relative: f"{prefix}.{relative}" if prefix else relative
+        for relative, p in module.named_parameters()
+        if p.requires_grad
+    }
+
+
+def _uncovered_message(modules: dict[str, nn.Module], uncovered: dict[str, dict[str, str]]) -> str:
+    listed = "; ".join(
+        f"module {name!r} ({type(modules[name]).__name__}): {sorted(own.values())}"
+        for name, own in uncovered.items()
+    )
+    return (
+        f"trainable parameters outside a supported DP layer ({SUPPORTED_LAYERS}): {listed}. "
+        "Freeze them (requires_grad_(False)), use supported layers, or pass fallback='vmap' to "
+        "make_private to clip these modules' per-example gradients computed under "
+        "torch.func.vmap (slower, B x |module parameters| memory)"
+    )
 
 
 def get_controller(model: nn.Module) -> DPController:
