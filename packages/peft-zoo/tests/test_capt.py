@@ -170,3 +170,23 @@ def test_context_mask_keeps_targets_out_of_the_capsule():
         c = model(input_ids=other).logits[:, :3]
     torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
     assert (a - c).abs().max() > 1e-3  # without it, later tokens leak into earlier positions
+
+
+@pytest.mark.parametrize("deep", [False, True])
+def test_task_vectors_are_used_only_through_the_adapter_module(deep):
+    """Every use of the task vectors goes through ``CaPTPrompt.forward`` (once per layer in the
+    deep variant), so module wrappers (per-example clipping) see all of them: with the
+    adapter's forward replaced by a detached copy, no gradient reaches the task vectors."""
+    model = pz.get_peft_model(tiny_model("llama"), pz.CaPTConfig(deep=deep, init_std=0.5))
+    calls = []
+    original = model.adapter.forward
+
+    def detached(summary, layer=0):
+        calls.append(layer)
+        return original(summary, layer).detach()
+
+    model.adapter.forward = detached
+    ids = batch()
+    out = model(input_ids=ids, labels=ids)
+    assert calls == (list(range(2)) if deep else [0])
+    assert not out.loss.requires_grad

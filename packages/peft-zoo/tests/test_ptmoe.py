@@ -9,6 +9,7 @@ import torch
 from helpers import batch, left_pad, tiny_model
 
 import peft_zoo as pz
+from peft_zoo.ptmoe import PTMoEPrompt
 
 # float32 forward passes of the same math in a different order: agreement to 1e-5 (logits ~1)
 ATOL = 1e-5
@@ -150,3 +151,16 @@ def test_bert_classification_runs_with_prompt():
 def test_bad_config(kwargs, message):
     with pytest.raises(ValueError, match=message):
         pz.PTMoEConfig(**kwargs)
+
+
+def test_prompt_runs_per_example_under_vmap():
+    """The router works under torch.func.vmap (per-example gradients, e.g. DP clipping): each
+    example's prompt equals its row of the batched prompt."""
+    from torch.func import vmap
+
+    torch.manual_seed(0)
+    adapter = PTMoEPrompt(CFG, width=16, scale=0.1).eval()
+    embeds, mask = torch.randn(5, 7, 16), torch.ones(5, 7, dtype=torch.long)
+    mask[2, :3] = 0
+    per_example = vmap(lambda e, m: adapter(e[None], m[None])[0])(embeds, mask)
+    torch.testing.assert_close(per_example, adapter(embeds, mask), rtol=0, atol=ATOL)

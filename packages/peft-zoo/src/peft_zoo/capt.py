@@ -25,6 +25,14 @@ class CaPTPrompt(nn.Module):
             torch.randn(num_layers if config.deep else 1, width) * config.init_std
         )
 
+    def forward(self, summary: torch.Tensor, layer: int = 0) -> torch.Tensor:
+        """The capsule state ``p_layer + summary`` for the instance summary ``(B, H)``.
+
+        The task vectors are used only here, so that wrappers of this module (e.g. per-example
+        gradient clipping) see every use of them.
+        """
+        return self.task_vectors[layer] + summary
+
 
 class CaPTModel(PromptModel):
     """A model with a capsule prompt (build with :func:`peft_zoo.get_peft_model`)."""
@@ -40,7 +48,7 @@ class CaPTModel(PromptModel):
                     layer.register_forward_pre_hook(self._hook(index), with_kwargs=True)
 
     def prompt(self, embeds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        capsule = self.adapter.task_vectors[0] + masked_mean(embeds, mask)
+        capsule = self.adapter(masked_mean(embeds, mask), 0)
         return capsule.unsqueeze(1)
 
     def _hook(self, index: int):
@@ -49,7 +57,7 @@ class CaPTModel(PromptModel):
             hidden = args[0] if args else kwargs.get("hidden_states")
             if active is None or hidden is None or hidden.shape[1] != active.embeds.shape[1]:
                 return None  # not this model's prefill pass (e.g. a cached decoding step)
-            state = self.adapter.task_vectors[index] + masked_mean(hidden, active.context_mask)
+            state = self.adapter(masked_mean(hidden, active.context_mask), index)
             at_capsule = torch.zeros_like(active.attention_mask, dtype=torch.bool)
             at_capsule[torch.arange(len(active.start)), active.start] = True
             hidden = torch.where(

@@ -55,7 +55,9 @@ class PTMoEPrompt(nn.Module):
         probs = logits.softmax(-1)
         chosen = probs.argmax(-1)
         self.last_expert = chosen.detach()
-        return probs * nn.functional.one_hot(chosen, probs.shape[-1]).to(probs.dtype)
+        # one-hot by scatter, not F.one_hot (whose range check is data-dependent): the router
+        # then runs under torch.func.vmap, e.g. for per-example gradients
+        return probs * torch.zeros_like(probs).scatter(-1, chosen.unsqueeze(-1), 1.0)
 
     def forward(self, embeds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         w = self.weights(masked_mean(embeds, mask))
