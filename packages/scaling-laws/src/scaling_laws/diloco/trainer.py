@@ -165,7 +165,8 @@ class DiLoCoTrainer:
                 f"step {self.step}: {self.config.algorithm} synchronises parameters only, so "
                 "state that the forward pass updates (e.g. BatchNorm running statistics) drifts "
                 "apart per replica. Use layers without running state (LayerNorm, RMSNorm, "
-                "GroupNorm), BatchNorm(track_running_stats=False), or keep such buffers constant"
+                "GroupNorm, BatchNorm(track_running_stats=False)) and keep per-replica state, "
+                "such as a recurrent state carried across batches, outside the model's buffers"
             )
 
     @torch.no_grad()
