@@ -275,8 +275,10 @@ def test_what_cannot_run_per_example_fails_loudly():
     with pytest.raises(RuntimeError, match=r"'2' \(WithItem\) cannot run one example.*item"):
         private(x)
     private = make(model_with(WithBatchNorm()))
-    with pytest.raises(ValueError, match=r"'2\.norm' \(BatchNorm1d\).*training mode"):
+    with pytest.raises(ValueError, match=r"private model contains BatchNorm.*2\.norm"):
         private(x)
+    with pytest.raises(ValueError, match=r"'2\.norm' \(BatchNorm1d\) contains BatchNorm"):
+        private[2](torch.randn(5, 4, 8))  # the fallback module called on its own
     private.eval()  # running statistics: no mixing, per-example gradients exist
     sum_mse(private(x), y).backward()
     assert private[2].norm.weight.grad is not None

@@ -236,3 +236,16 @@ def test_layer_with_hooks_is_refused():
     model[0].register_forward_hook(lambda module, args, out: out * 2)
     with pytest.raises(ValueError, match="'0' has hooks"):
         make(model)
+
+
+def test_frozen_batch_norm_in_training_mode_is_refused():
+    """Batch statistics mix the examples: one example moves every other example's gradient of
+    the clipped layers, so per-example clipping would not bound its influence."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    model[1].requires_grad_(False)
+    private = make(model, noise_multiplier=0.0)
+    with pytest.raises(ValueError, match=r"BatchNorm layers in training mode \(\['1'\]\)"):
+        private(torch.randn(5, 3))
+    private.eval()  # running statistics: each example is normalised on its own
+    private(torch.randn(5, 3)).sum().backward()
+    assert private[0].weight.grad is not None

@@ -39,6 +39,28 @@ class _Pass:
     per_example: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+def batch_norms_in_training(module: nn.Module) -> list[str]:
+    """Names of the BatchNorm layers in ``module`` that normalise with batch statistics."""
+    return [
+        name or type(child).__name__
+        for name, child in module.named_modules()
+        if isinstance(child, nn.modules.batchnorm._BatchNorm) and child.training
+    ]
+
+
+def refuse_batch_norm_in_training(module: nn.Module, where: str) -> None:
+    """BatchNorm in training mode mixes examples: one example moves every other example's
+    output, so clipping each example's gradient no longer bounds its influence."""
+    mixing = batch_norms_in_training(module)
+    if mixing:
+        raise ValueError(
+            f"{where} contains BatchNorm layers in training mode ({mixing}): they normalise each "
+            "example with statistics of the whole batch, so one example changes the others' "
+            "gradients and clipping no longer bounds its influence. Call .eval() on them "
+            "(running statistics) or use GroupNorm / LayerNorm"
+        )
+
+
 class DPController:
     """Clipped sums, noise and accounting of one private model (see the module docstring).
 
@@ -71,12 +93,14 @@ class DPController:
         """Check ``model`` at every forward with gradients enabled and at every release: a
         trainable parameter this controller does not clip (a layer added, unfrozen or replaced
         after :func:`flashdp.make_private`) is an error, and its unclipped gradient is
-        discarded."""
+        discarded. A BatchNorm layer in training mode (frozen or not) is refused at the
+        forward."""
         self._model = weakref.ref(model)
 
         def check(module: nn.Module, args: object) -> None:
             if torch.is_grad_enabled():
                 self._check_parameters()
+                refuse_batch_norm_in_training(module, "the private model")
 
         model.register_forward_pre_hook(check)
 

@@ -27,7 +27,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from flashdp.controller import DPController
+from flashdp.controller import DPController, refuse_batch_norm_in_training
 
 
 class _PerExample(torch.autograd.Function):
@@ -56,14 +56,6 @@ class _OriginalForward(nn.Module):
 
     def forward(self, *args, **kwargs):
         return self._forward(*args, **kwargs)
-
-
-def _batch_norms_in_training(module: nn.Module) -> list[str]:
-    return [
-        name or "(itself)"
-        for name, child in module.named_modules()
-        if isinstance(child, nn.modules.batchnorm._BatchNorm) and child.training
-    ]
 
 
 class VmapFallback:
@@ -135,12 +127,7 @@ class VmapFallback:
         }
         if not torch.is_grad_enabled() or not trainable:
             return self.original_forward(*args, **kwargs)  # nothing to clip
-        if self.module.training and (norms := _batch_norms_in_training(self.module)):
-            raise ValueError(
-                f"{self._where()} contains BatchNorm layers in training mode ({norms}): they mix "
-                "the examples of a batch, so no per-example gradient exists. Use GroupNorm or "
-                "LayerNorm, or call .eval() on them"
-            )
+        refuse_batch_norm_in_training(self.module, self._where())
         leaves, spec = tree_flatten((args, kwargs))
         batch, dims = self._batch_dims(leaves)
         expanded = {
