@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from kernels_common import compare, measure, peak_memory
+from kernels_common import compare, drop_failing, measure, peak_memory
 
 MiB = 2**20
 
@@ -176,3 +176,17 @@ def test_saved_json_is_strict_even_with_infinite_errors(tmp_path):
     json_path, _ = table.save(tmp_path, "t")
     data = json.loads(json_path.read_text(), parse_constant=lambda name: pytest.fail(name))
     assert data["rows"][1]["max_abs_error"] == "inf"
+
+
+def test_drop_failing_keeps_working_candidates_in_order_and_says_why_others_failed():
+    calls = []
+
+    def broken():
+        calls.append("broken")
+        raise RuntimeError("no kernel for this dtype\nsecond line of the traceback text")
+
+    candidates = {"b": lambda: calls.append("b"), "broken": broken, "a": lambda: calls.append("a")}
+    working, failed = drop_failing(candidates)
+    assert list(working) == ["b", "a"]
+    assert failed == {"broken": "RuntimeError: no kernel for this dtype"}
+    assert calls == ["b", "broken", "a"]  # each called exactly once

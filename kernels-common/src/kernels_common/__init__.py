@@ -18,7 +18,14 @@ from kernels_common.backend import (
     resolve_backend,
     triton_available,
 )
-from kernels_common.bench import Comparison, Measurement, compare, hardware_description, measure
+from kernels_common.bench import (
+    Comparison,
+    Measurement,
+    compare,
+    drop_failing,
+    hardware_description,
+    measure,
+)
 from kernels_common.memory import PeakMemory, peak_memory
 from kernels_common.results import Claim, ReproduceResults
 from kernels_common.testing import (
@@ -63,6 +70,7 @@ __all__ = [
     "compare",
     "compare_tensors",
     "device_guard",
+    "drop_failing",
     "hardware_description",
     "interpreter_enabled",
     "is_power_of_2",

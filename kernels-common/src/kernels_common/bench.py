@@ -244,6 +244,31 @@ def _snapshot(output: Any) -> Any:
     return output
 
 
+def drop_failing(
+    candidates: Mapping[str, Callable[[], Any]],
+) -> tuple[dict[str, Callable[[], Any]], dict[str, str]]:
+    """Call every candidate once; keep those that run, and say why each other one failed.
+
+    For optional peers (an anchor library that may not build on this machine's compiler, driver or
+    dtype): a benchmark drops them with a printed reason instead of losing the whole table. The
+    call counts as the candidate's first warm-up (it compiles kernels, fills caches).
+
+    Returns:
+        ``(working, failed)``: the candidates that returned, in their order, and ``name -> "Type:
+        message"`` for each one that raised.
+    """
+    working: dict[str, Callable[[], Any]] = {}
+    failed: dict[str, str] = {}
+    for name, fn in candidates.items():
+        try:
+            fn()
+        except Exception as error:  # any failure means "this peer cannot run here"
+            failed[name] = f"{type(error).__name__}: {error}".splitlines()[0]
+        else:
+            working[name] = fn
+    return working, failed
+
+
 def compare(
     candidates: Mapping[str, Callable[[], Any]],
     *,

@@ -1,8 +1,9 @@
 """Training step time (forward + backward + Adam) of a logic gate network: dlgn-gumbel vs difflogic.
 
 difflogic's python LogicLayer (its CPU implementation) is fetched from PyPI at run time; if that
-fails the anchor rows are skipped with a message. Both networks get the same connections and
-logits (checked: same outputs).
+fails the anchor rows are skipped with a message. On a GPU where difflogic's CUDA extension was
+built in place (see ``dlgn_gumbel.bench``), its CUDA layer is the anchor. Both networks get the same
+connections and logits (checked: same outputs).
 
 python packages/dlgn-gumbel/benchmarks/bench_train_step.py --out reports/bench/dlgn-gumbel
 """
@@ -14,7 +15,7 @@ import argparse
 import torch
 
 from dlgn_gumbel import LogicNet
-from dlgn_gumbel.bench import copy_into_difflogic, load_difflogic
+from dlgn_gumbel.bench import copy_into_difflogic, difflogic_has_cuda, load_difflogic
 from kernels_common.bench import compare
 
 
@@ -62,11 +63,10 @@ def main() -> None:
     baseline = "dlgn-gumbel softmax"
     try:
         difflogic = load_difflogic()
-        peer = copy_into_difflogic(nets["dlgn-gumbel softmax"], difflogic).to(device)
-        candidates["difflogic python (softmax)"] = _step(
-            peer, torch.optim.Adam(peer.parameters(), lr=0.01), x, y
-        )
-        baseline = "difflogic python (softmax)"
+        kind = "cuda" if device.type == "cuda" and difflogic_has_cuda() else "python"
+        peer = copy_into_difflogic(nets["dlgn-gumbel softmax"], difflogic, kind).to(device)
+        baseline = f"difflogic {kind} (softmax)"
+        candidates[baseline] = _step(peer, torch.optim.Adam(peer.parameters(), lr=0.01), x, y)
     except RuntimeError as error:
         print(f"skipping the difflogic anchor: {error}")
     for name, net in nets.items():
@@ -88,7 +88,7 @@ def main() -> None:
     )
     print(table.to_markdown())
     if args.out:
-        table.save(args.out, "bench_train_step")
+        table.save(args.out, f"bench_train_step_{args.layers}")
 
 
 if __name__ == "__main__":

@@ -3,11 +3,15 @@
 The anchor (Petersen et al.'s ``difflogic``) does not build against a CPU-only torch (its setup
 compiles a CUDA extension), so :func:`load_difflogic` fetches its source distribution from PyPI
 at run time into a temporary folder and imports its pure-Python modules with a stand-in for the
-missing ``difflogic_cuda`` module. Nothing of it is stored in this package.
+missing ``difflogic_cuda`` module. Nothing of it is stored in this package. On a CUDA machine,
+building the extension in that folder (``python setup.py build_ext --inplace``) makes
+:func:`load_difflogic` import the real one, and ``copy_into_difflogic(..., implementation="cuda")``
+then gives the anchor's own CUDA kernels.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import sys
@@ -22,7 +26,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["copy_into_difflogic", "images_per_second", "load_difflogic"]
+__all__ = ["copy_into_difflogic", "difflogic_has_cuda", "images_per_second", "load_difflogic"]
 
 DIFFLOGIC_JSON = "https://pypi.org/pypi/difflogic/json"
 
@@ -59,9 +63,11 @@ def load_difflogic(version: str = "0.1.0", cache: str | Path | None = None) -> t
             urllib.request.urlretrieve(sdist["url"], archive)
             with tarfile.open(archive) as tar:
                 tar.extractall(root, filter="data")
-        # the CUDA extension is absent on a CPU build; its Python modules only import the name
-        sys.modules.setdefault("difflogic_cuda", types.ModuleType("difflogic_cuda"))
         sys.path.insert(0, str(source))
+        try:  # the CUDA extension, where it was built in place (see the module docstring)
+            importlib.import_module("difflogic_cuda")
+        except ImportError:  # a CPU build: its Python modules only import the name
+            sys.modules["difflogic_cuda"] = types.ModuleType("difflogic_cuda")
         import difflogic
     except Exception as error:  # network, PyPI layout, import errors: all mean "no anchor"
         raise RuntimeError(f"could not load difflogic {version} from PyPI: {error}") from error
@@ -71,23 +77,57 @@ def load_difflogic(version: str = "0.1.0", cache: str | Path | None = None) -> t
     return difflogic
 
 
-def copy_into_difflogic(net, difflogic: types.ModuleType):
+def difflogic_has_cuda() -> bool:
+    """Whether the loaded difflogic runs its own CUDA extension (not the CPU stand-in)."""
+    return hasattr(sys.modules.get("difflogic_cuda"), "forward")
+
+
+def copy_into_difflogic(net, difflogic: types.ModuleType, implementation: str = "python"):
     """A difflogic ``Sequential(LogicLayer..., GroupSum)`` with ``net``'s connections and logits.
 
-    difflogic's python LogicLayer uses the same 16-gate order and relaxations, so both networks
-    compute the same function (a cross-check of the two implementations).
+    difflogic's LogicLayer uses the same 16-gate order and relaxations, so both networks compute
+    the same function (a cross-check of the two implementations). ``implementation="cuda"`` builds
+    the anchor's CUDA layers on the GPU (needs :func:`difflogic_has_cuda`); ``"python"`` its
+    PyTorch layers on the CPU (move them with ``.to``).
     """
     import torch
 
+    if implementation not in ("python", "cuda"):
+        raise ValueError(f"implementation must be 'python' or 'cuda', got {implementation!r}")
+    if implementation == "cuda" and not difflogic_has_cuda():
+        raise RuntimeError("difflogic's CUDA extension is not built (see load_difflogic)")
+    device = "cuda" if implementation == "cuda" else "cpu"
     layers: list[torch.nn.Module] = []
     for layer in net.layers:
         peer = difflogic.LogicLayer(
-            layer.in_dim, layer.out_dim, device="cpu", implementation="python"
+            layer.in_dim, layer.out_dim, device=device, implementation=implementation
         )
         with torch.no_grad():
             peer.weights.copy_(layer.weights)
-        # int32 indices: difflogic prints a line on every forward with int64 ones
-        peer.indices = (layer.idx_a.int(), layer.idx_b.int())
+        if implementation == "cuda":
+            a, b = layer.idx_a.long().to(device), layer.idx_b.long().to(device)
+            peer.indices = (a, b)
+            peer.given_x_indices_of_y_start, peer.given_x_indices_of_y = _readers_of_inputs(
+                a, b, layer.in_dim
+            )
+        else:  # int32 indices: difflogic prints a line on every forward with int64 ones
+            peer.indices = (layer.idx_a.int(), layer.idx_b.int())
         layers.append(peer)
-    layers.append(difflogic.GroupSum(net.config.num_classes, net.config.tau, device="cpu"))
+    layers.append(difflogic.GroupSum(net.config.num_classes, net.config.tau, device=device))
     return torch.nn.Sequential(*layers)
+
+
+def _readers_of_inputs(a, b, in_dim: int):
+    """difflogic's CUDA backward index: for each input x, the neurons y reading it (CSR form).
+
+    Neuron y appears in x's list once for ``a[y] == x`` and once for ``b[y] == x``, in increasing
+    y, as difflogic's own constructor lists them: a stable sort of the interleaved (a, b) pairs.
+    """
+    import torch
+
+    inputs = torch.stack([a, b], dim=1).reshape(-1)
+    neurons = torch.arange(a.numel(), device=a.device).repeat_interleave(2)
+    order = torch.sort(inputs, stable=True).indices
+    counts = torch.bincount(inputs, minlength=in_dim)
+    start = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    return start, neurons[order]

@@ -5,6 +5,7 @@ extra (opacus)."""
 from __future__ import annotations
 
 import copy
+import importlib.util
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from torch import nn
 
 from flashdp.private import make_private
 from flashdp.tiny_gpt import GPTConfig, SequenceCrossEntropy, TinyGPT
-from kernels_common import Comparison, compare
+from kernels_common import Comparison, compare, drop_failing
 
 logger = logging.getLogger(__name__)
 
@@ -120,8 +121,17 @@ def run(device: str, out: str | Path | None, *, quick: bool = False, repeat: int
         f"DP-SGD step, GPT {config.depth}x{config.width}, {config.heads} heads, "
         f"T={config.seq_len}, B={shape.batch_size}, {str(shape.dtype).removeprefix('torch.')}"
     )
-    # Opacus on the GPT-2-small shape would need B x 124M per-example gradients: CPU only.
-    steps = candidates(shape, device, opacus=device != "cuda")
+    has_opacus = importlib.util.find_spec("opacus") is not None
+    if not has_opacus:
+        logger.warning("opacus is not installed (the `bench` extra): its rows are skipped")
+    steps = candidates(shape, device, opacus=has_opacus)
+    # Opacus may refuse a dtype or run out of memory on the GPU shape (B x 124M per-example
+    # gradients in hooks mode): drop it with the reason rather than lose the table.
+    steps, failed = drop_failing(steps)
+    for name, why in failed.items():
+        logger.warning("skipping %s: %s", name, why)
+    if "non-DP" not in steps:
+        raise RuntimeError(f"the non-DP baseline failed: {failed['non-DP']}")
     logger.info("benchmarking %s", title)
     table = compare(
         steps,

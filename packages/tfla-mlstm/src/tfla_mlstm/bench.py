@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kernels_common.bench import Comparison, compare
+from kernels_common.bench import Comparison, compare, drop_failing
 from tfla_mlstm.ops import mlstm_chunkwise, mlstmsig_chunkwise
 
 LOGGER = logging.getLogger(__name__)
@@ -143,9 +143,16 @@ def run(
                 )
                 for name, fn in chosen.items()
             }  # fmt: skip
+            calls, failed = drop_failing(calls)  # the first call is each one's warm-up
+            for name, why in failed.items():
+                LOGGER.warning("skipping %s on %s: %s", name, title, why)
+            if not calls:
+                raise RuntimeError(f"every candidate failed on {title}: {failed}")
+            # the ratios are quoted against the anchor; if it cannot run, against our first kernel
+            base = baseline if baseline in calls else next(iter(calls))
             LOGGER.info("benchmarking %s", title)
             table = compare(
-                calls, baseline=baseline, title=title, device=device, repeat=repeat,
+                calls, baseline=base, title=title, device=device, repeat=repeat,
                 warmup=1, check_outputs=False,
             )  # fmt: skip
             print(table)
