@@ -105,3 +105,16 @@ def test_bad_tokens():
         lm(torch.full((1, 3), 40))
     with pytest.raises(ValueError, match=r"tokens must be int64 of shape \(B, S\)"):
         lm(torch.zeros(3, dtype=torch.long))
+
+
+def test_untied_head_starts_as_the_tied_model_and_trains_on_its_own():
+    tied, untied = model("mlstm"), model("mlstm", tie_embeddings=False)
+    tokens = torch.randint(0, 40, (2, 20), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(untied(tokens), tied(tokens), atol=0, rtol=0)
+    assert untied.head.weight is not untied.embedding.weight
+    assert set(untied.state_dict()) - set(tied.state_dict()) == {"head.weight"}
+    untied(tokens).logsumexp(-1).sum().backward()
+    assert untied.head.weight.grad is not None
+    assert untied.generate(tokens[:, :4], max_new_tokens=3, temperature=0).shape == (2, 7)
+    with pytest.raises(TypeError, match="tie_embeddings must be a bool"):
+        xLSTMConfig(tie_embeddings="no")

@@ -26,6 +26,9 @@ class xLSTMConfig:
         chunk_size: chunk size of the chunkwise kernels (power of two >= 16).
         gate_soft_cap: soft cap of the gate pre-activations, ``None`` for none.
         backend: kernel backend (``None``: automatic).
+        tie_embeddings: the output head reuses the embedding matrix (default); ``False`` gives
+            the head its own ``nn.Linear`` (e.g. for per-layer DP clipping, which refuses a
+            parameter used by two layers).
     """
 
     vocab_size: int = 256
@@ -39,6 +42,7 @@ class xLSTMConfig:
     chunk_size: int = 64
     gate_soft_cap: float | None = 15.0
     backend: str | None = None
+    tie_embeddings: bool = True
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "num_layers", "num_heads"):
@@ -55,6 +59,8 @@ class xLSTMConfig:
         if self.gate_soft_cap is not None and not self.gate_soft_cap > 0:
             raise ValueError(f"gate_soft_cap must be positive or None, got {self.gate_soft_cap}")
         check_chunk_size(self.chunk_size)
+        if not isinstance(self.tie_embeddings, bool):
+            raise TypeError(f"tie_embeddings must be a bool, got {self.tie_embeddings!r}")
 
     def head_dims(self) -> tuple[int, int]:
         head = self.d_model // self.num_heads
@@ -65,7 +71,7 @@ class xLSTMConfig:
 
 
 class xLSTMLM(nn.Module):
-    """Causal LM: embedding, xLSTM blocks, final RMS norm, tied output head.
+    """Causal LM: embedding, xLSTM blocks, final RMS norm, output head (tied by default).
 
     Example:
         >>> model = xLSTMLM(xLSTMConfig(vocab_size=50, d_model=32, backend="reference"))
@@ -94,6 +100,11 @@ class xLSTMLM(nn.Module):
         )  # fmt: skip
         self.norm = nn.RMSNorm(config.d_model)
         nn.init.normal_(self.embedding.weight, std=config.d_model**-0.5)
+        self.head: nn.Linear | None = None
+        if not config.tie_embeddings:
+            self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+            with torch.no_grad():
+                self.head.weight.copy_(self.embedding.weight)  # the tied model's start
 
     def _check_tokens(self, tokens: torch.Tensor, ndim: int) -> None:
         if tokens.dtype != torch.long or tokens.ndim != ndim:
@@ -104,7 +115,9 @@ class xLSTMLM(nn.Module):
             raise ValueError(f"token ids must lie in [0, {self.config.vocab_size})")
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(x) @ self.embedding.weight.T
+        if self.head is None:
+            return self.norm(x) @ self.embedding.weight.T
+        return self.head(self.norm(x))
 
     def forward(self, tokens: torch.Tensor, states: list | None = None, return_states=False):
         """``tokens (B, S)`` int64 -> logits ``(B, S, vocab)`` (and the per-layer states)."""
