@@ -81,9 +81,9 @@ def _refuse_escape(parameter: nn.Parameter, name: str) -> None:
             return
         raise RuntimeError(
             f"parameter {name!r} received a gradient outside its DP layer (used directly "
-            "elsewhere in the forward): that gradient would escape clipping. Use the "
-            "parameter only through its layer, or freeze it (with fallback='vmap', name the "
-            "module whose forward uses it in fallback_modules)"
+            "elsewhere in the forward, e.g. by a tied output head): that gradient would escape "
+            "clipping. Use the parameter only through its layer (untie it), or freeze it (with "
+            "fallback='vmap', name the module whose forward uses it in fallback_modules)"
         )
 
     parameter.register_hook(hook)
