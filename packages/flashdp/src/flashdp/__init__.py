@@ -3,7 +3,9 @@
 ``make_private(model, ...)`` swaps the model's trainable layers (``nn.Linear``, ``nn.Embedding``,
 ``nn.LayerNorm``, GPT-2 ``Conv1D``) for DP layers whose backward clips every example's gradient
 without materialising per-example gradients, and whose ``.grad`` receives Gaussian noise once per
-logical batch; an RDP accountant of the Poisson-subsampled Gaussian mechanism reports ε.
+logical batch; an RDP accountant of the Poisson-subsampled Gaussian mechanism reports ε. Modules
+whose trainable parameters no fused layer covers (adapters) are refused, or, with
+``fallback="vmap"``, clipped from per-example gradients computed under ``torch.func.vmap``.
 
 Importing this package never imports Triton or initialises CUDA.
 """
