@@ -180,3 +180,39 @@ def xlstm_job(rank: int, world_size: int, job: XLSTMJob) -> dict:
         "outer_steps": trainer.outer_steps,
         "communicated_bytes": trainer.communicated_bytes,
     }
+
+
+def train_with_schedule(
+    lrs: np.ndarray,
+    *,
+    batch_size: int = 8,
+    eval_every: int = 10,
+    eval_sequences: int = 32,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """AdamW (β = 0.9, 0.95, no weight decay, clip 1) on the tiny xLSTM for ``len(lrs)`` steps,
+    ``lrs[i]`` at step ``i + 1``; the held-out loss every ``eval_every`` steps and at the end.
+
+    Runs with the same ``seed`` share the initialisation and every batch, so schedules differ
+    only in their learning rates. Returns ``(steps, losses)``: 1-based steps, nats/byte.
+    """
+    from benchdata import lm_batch
+
+    model = build_xlstm(seed)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=float(lrs[0]), betas=(0.9, 0.95), weight_decay=0.0
+    )
+    tokens = fortunes_tokens("train")
+    validation = validation_batch(eval_sequences)
+    generator = torch.Generator().manual_seed(seed + 1)
+    steps, losses = [], []
+    for step, lr in enumerate(lrs, 1):
+        optimizer.param_groups[0]["lr"] = float(lr)
+        optimizer.zero_grad(set_to_none=True)
+        lm_loss(model, lm_batch(tokens, batch_size, SEQ_LEN, generator)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if step % eval_every == 0 or step == len(lrs):
+            steps.append(step)
+            losses.append(evaluate(model, validation))
+    return np.array(steps), np.array(losses)
