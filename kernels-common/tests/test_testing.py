@@ -279,3 +279,13 @@ def test_named_tuple_state_is_rebuilt_and_differentiated():
     report = assert_kernel_matches(step_named, step_named, named)
     assert seen == [State, State]
     assert "grad[state[1]]" in [c.name for c in report.comparisons]
+
+
+def test_device_for_backend_puts_compiled_triton_inputs_on_cuda():
+    from kernels_common import Backend
+    from kernels_common.testing import device_for_backend
+
+    assert device_for_backend(Backend.TRITON) == "cuda"
+    assert device_for_backend("triton") == "cuda"
+    assert device_for_backend(Backend.INTERPRETER) == "cpu"
+    assert device_for_backend(Backend.REFERENCE) == "cpu"

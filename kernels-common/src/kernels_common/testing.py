@@ -280,6 +280,12 @@ def _run(
     return _Run(outputs, tuple(n for n, _ in differentiable), leaves, grads)
 
 
+def device_for_backend(backend: Any) -> str:
+    """Where a kernel test puts its inputs for ``backend``: ``"cuda"`` for compiled Triton (it
+    refuses CPU tensors), ``"cpu"`` for the interpreter and the reference path."""
+    return "cuda" if getattr(backend, "value", backend) == "triton" else "cpu"
+
+
 def assert_kernel_matches(
     reference: Callable[..., Any],
     implementation: Callable[..., Any],

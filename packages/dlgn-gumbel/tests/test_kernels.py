@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dlgn_gumbel import gate_coefficients, logic_layer, logic_layer_reference16
-from kernels_common.testing import Tolerance, assert_kernel_matches
+from kernels_common.testing import Tolerance, assert_kernel_matches, device_for_backend
 
 OUT_TOL = Tolerance(atol=1e-5, rtol=1e-5)
 GRAD_TOL = Tolerance(atol=1e-5, rtol=1e-5)
@@ -21,18 +21,18 @@ GRAD_TOL = Tolerance(atol=1e-5, rtol=1e-5)
 CASES = [(1, 5, 3), (37, 33, 70), (65, 8, 129), (3, 200, 1)]
 
 
-def make_inputs(batch, in_dim, out_dim, *, binary=False):
+def make_inputs(batch, in_dim, out_dim, *, binary=False, device="cpu"):
     def make(gen):
         x = torch.rand(in_dim, batch, generator=gen)
         if binary:
             x = (x > 0.5).float()
-        idx = torch.randint(0, in_dim, (2, out_dim), generator=gen)
+        idx = torch.randint(0, in_dim, (2, out_dim), generator=gen).to(device)
         return {
-            "x": x.requires_grad_(True),
+            "x": x.to(device).requires_grad_(True),
             "idx_a": idx[0],
             "idx_b": idx[1],
             "weights": torch.softmax(2 * torch.randn(out_dim, 16, generator=gen), 1)
-            .detach()
+            .to(device)
             .requires_grad_(True),
         }
 
@@ -59,7 +59,7 @@ def test_triton_kernel_matches_16_term_reference(shape, triton_backend):
     assert_kernel_matches(
         logic_layer_reference16,
         functools.partial(fused, backend=triton_backend),
-        make_inputs(*shape),
+        make_inputs(*shape, device=device_for_backend(triton_backend)),
         tolerances=OUT_TOL,
         grad_tolerances=GRAD_TOL,
     )
@@ -71,8 +71,10 @@ def test_triton_kernel_binary_inputs_and_one_hot_gates_are_exact(triton_backend)
     idx_a, idx_b = torch.randint(0, 12, (2, 77), generator=gen)
     weights = torch.nn.functional.one_hot(torch.randint(0, 16, (77,), generator=gen), 16).float()
     expected = logic_layer_reference16(x, idx_a, idx_b, weights)
-    got = fused(x, idx_a, idx_b, weights, backend=triton_backend)
-    assert torch.equal(got, expected)
+    device = device_for_backend(triton_backend)
+    args = (t.to(device) for t in (x, idx_a, idx_b, weights))
+    got = fused(*args, backend=triton_backend)
+    assert torch.equal(got.cpu(), expected)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from flashdp import reference
 from flashdp.ops import linear_weight_clipped_sum_op, linear_weight_norm2_op
 
 from kernels_common import Tolerance, assert_kernel_matches
+from kernels_common.testing import device_for_backend
 
 TOLERANCE = Tolerance(atol=1e-4, rtol=1e-5)
 
@@ -19,14 +20,14 @@ TOLERANCE = Tolerance(atol=1e-4, rtol=1e-5)
 SHAPES = [(1, 1, 5, 3), (3, 17, 33, 18), (2, 40, 7, 35)]
 
 
-def inputs(shape):
+def inputs(shape, device):
     batch, tokens, d_in, d_out = shape
 
     def make(generator):
         return {
-            "x": torch.randn(batch, tokens, d_in, generator=generator),
-            "grad_output": torch.randn(batch, tokens, d_out, generator=generator),
-            "coef": torch.rand(batch, generator=generator),
+            "x": torch.randn(batch, tokens, d_in, generator=generator).to(device),
+            "grad_output": torch.randn(batch, tokens, d_out, generator=generator).to(device),
+            "coef": torch.rand(batch, generator=generator).to(device),
         }
 
     return make
@@ -37,7 +38,7 @@ def test_norm2_kernel(shape, triton_backend):
     assert_kernel_matches(
         lambda x, grad_output, coef: reference.linear_weight_norm2(x, grad_output),
         lambda x, grad_output, coef: linear_weight_norm2_op(x, grad_output, backend=triton_backend),
-        inputs(shape),
+        inputs(shape, device_for_backend(triton_backend)),
         check_grad=False,
         tolerances=TOLERANCE,
     )
@@ -50,7 +51,7 @@ def test_clipped_sum_kernel(shape, triton_backend):
         lambda x, grad_output, coef: linear_weight_clipped_sum_op(
             x, grad_output, coef, backend=triton_backend
         ),
-        inputs(shape),
+        inputs(shape, device_for_backend(triton_backend)),
         check_grad=False,
         tolerances=TOLERANCE,
     )
@@ -61,14 +62,15 @@ def test_model_with_kernels_matches_reference(triton_backend):
     import flashdp
 
     grads = {}
+    device = device_for_backend(triton_backend)
     for backend in ("reference", triton_backend):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(6, 9), torch.nn.Tanh(), torch.nn.Linear(9, 4))
         private = flashdp.make_private(
-            model, max_grad_norm=0.5, noise_multiplier=0.0, backend=backend
+            model.to(device), max_grad_norm=0.5, noise_multiplier=0.0, backend=backend
         )
-        x = torch.randn(3, 5, 6, generator=torch.Generator().manual_seed(1))
+        x = torch.randn(3, 5, 6, generator=torch.Generator().manual_seed(1)).to(device)
         private(x).square().mean().backward()
-        grads[backend] = [p.grad for p in private.parameters()]
+        grads[backend] = [p.grad.cpu() for p in private.parameters()]
     for got, expected in zip(grads[triton_backend], grads["reference"], strict=True):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

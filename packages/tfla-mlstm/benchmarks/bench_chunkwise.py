@@ -26,9 +26,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("reports/bench/tfla-mlstm"))
     parser.add_argument("--seq-lens", type=int, nargs="+", default=None)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--exclude", nargs="+", default=(), help="leave out candidates whose name contains these"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
-    run(args.device, args.out, args.seq_lens, args.repeat)
+    run(args.device, args.out, args.seq_lens, args.repeat, exclude=args.exclude)
 
 
 if __name__ == "__main__":

@@ -109,8 +109,13 @@ def run(
     out: Path | None,
     seq_lens: Sequence[int] | None = None,
     repeat: int = 5,
+    exclude: Sequence[str] = (),
 ) -> list[Comparison]:
-    """Benchmark every sequence length; save ``<out>/chunkwise_<device>_S<S>_<mode>.{json,md}``."""
+    """Benchmark every sequence length; save ``<out>/chunkwise_<device>_S<S>_<mode>.{json,md}``.
+
+    ``exclude``: candidates whose name contains any of these strings are left out (a peer whose
+    compiler aborts the process on this machine cannot be dropped from inside it).
+    """
     on_cuda = torch.device(device).type == "cuda"
     if on_cuda:
         setting = {"B_times_S": 65536, "NH": 16, "DQK": 128, "DV": 256, "dtype": torch.bfloat16}
@@ -118,6 +123,9 @@ def run(
     else:
         setting = {"B": 1, "NH": 4, "DQK": 64, "DV": 128, "dtype": torch.float32}
         candidates, modes = candidates_cpu(), ("fwd+bwd",)
+    candidates = {n: f for n, f in candidates.items() if not any(e in n for e in exclude)}
+    if not candidates:
+        raise ValueError(f"exclude={list(exclude)} leaves no candidate")
     baseline = next((n for n in candidates if n.startswith(PEER)), next(iter(candidates)))
     tables = []
     for S in seq_lens or (GPU_SEQ_LENS if on_cuda else CPU_SEQ_LENS):
