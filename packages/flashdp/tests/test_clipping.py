@@ -51,6 +51,10 @@ def make_case(kind, seq, generator):
         model = nn.Sequential(nn.Embedding(11, 6, padding_idx=0), nn.Tanh())
         x = torch.randint(0, 11, (batch, *seq), generator=generator)
         y = torch.randn(batch, *seq, 6, generator=generator)
+    elif kind == "rmsnorm":  # default eps (machine epsilon) and an explicit one
+        model = nn.Sequential(nn.RMSNorm(6), nn.Tanh(), nn.RMSNorm((6,), eps=1e-3))
+        x = 3 * torch.randn(batch, *seq, 6, generator=generator) + 1
+        y = torch.randn(batch, *seq, 6, generator=generator)
     elif kind == "layernorm":
         model = nn.Sequential(nn.LayerNorm(6), nn.Tanh(), nn.LayerNorm((6,), bias=False))
         x = 3 * torch.randn(batch, *seq, 6, generator=generator) + 1
@@ -64,7 +68,7 @@ def make_case(kind, seq, generator):
     return model, x, y
 
 
-KINDS = ["linear", "conv1d", "embedding", "layernorm"]
+KINDS = ["linear", "conv1d", "embedding", "layernorm", "rmsnorm"]
 SEQS = [(), (3,), (2, 3)]
 
 

@@ -201,13 +201,14 @@ def test_parameters_made_trainable_after_make_private_are_refused(change):
     assert flashdp.get_controller(private).steps == 0
 
 
-@pytest.mark.parametrize("layer", ["linear", "embedding", "layer_norm"])
+@pytest.mark.parametrize("layer", ["linear", "embedding", "layer_norm", "rms_norm"])
 def test_second_backward_through_the_same_forward_is_refused(layer):
     """retain_graph=True would count every example twice under one noise draw."""
     model, x = {
         "linear": (nn.Linear(3, 2), torch.randn(4, 3)),
         "embedding": (nn.Embedding(5, 2), torch.randint(0, 5, (4, 3))),
         "layer_norm": (nn.LayerNorm(3), torch.randn(4, 3)),
+        "rms_norm": (nn.RMSNorm(3), torch.randn(4, 3)),
     }[layer]
     private = make(nn.Sequential(model), noise_multiplier=0.0, expected_batch_size=4)
     controller = flashdp.get_controller(private)

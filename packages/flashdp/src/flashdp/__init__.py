@@ -1,11 +1,12 @@
 """FlashDP: per-layer DP-SGD with per-example clipping fused into each layer's backward.
 
 ``make_private(model, ...)`` swaps the model's trainable layers (``nn.Linear``, ``nn.Embedding``,
-``nn.LayerNorm``, GPT-2 ``Conv1D``) for DP layers whose backward clips every example's gradient
-without materialising per-example gradients, and whose ``.grad`` receives Gaussian noise once per
-logical batch; an RDP accountant of the Poisson-subsampled Gaussian mechanism reports ε. Modules
-whose trainable parameters no fused layer covers (adapters) are refused, or, with
-``fallback="vmap"``, clipped from per-example gradients computed under ``torch.func.vmap``.
+``nn.LayerNorm``, ``nn.RMSNorm``, GPT-2 ``Conv1D``) for DP layers whose backward clips every
+example's gradient without materialising per-example gradients, and whose ``.grad`` receives
+Gaussian noise once per logical batch; an RDP accountant of the Poisson-subsampled Gaussian
+mechanism reports ε. Modules whose trainable parameters no fused layer covers (adapters) are
+refused, or, with ``fallback="vmap"``, clipped from per-example gradients computed under
+``torch.func.vmap``.
 
 Importing this package never imports Triton or initialises CUDA.
 """
@@ -24,7 +25,7 @@ from flashdp.accountant import (
 )
 from flashdp.config import PrivacyConfig
 from flashdp.controller import DPController
-from flashdp.layers import DPConv1D, DPEmbedding, DPLayer, DPLayerNorm, DPLinear
+from flashdp.layers import DPConv1D, DPEmbedding, DPLayer, DPLayerNorm, DPLinear, DPRMSNorm
 from flashdp.private import get_controller, make_private
 from flashdp.sampling import PoissonLoader, PoissonSampler
 
@@ -41,6 +42,7 @@ __all__ = [
     "DPLayer",
     "DPLayerNorm",
     "DPLinear",
+    "DPRMSNorm",
     "PoissonLoader",
     "PoissonSampler",
     "PrivacyConfig",

@@ -186,47 +186,68 @@ class DPEmbedding(DPLayer):
         return _EmbeddingFunction.apply(indices, self.weight, self)
 
 
-class _LayerNormFunction(torch.autograd.Function):
+class _NormFunction(torch.autograd.Function):
+    """LayerNorm / RMSNorm over the trailing ``normalized_shape``; the layer supplies the forward
+    (``_normalize``) and the per-example parameter gradients (``_per_example``)."""
+
     @staticmethod
-    def forward(ctx: Any, x, weight, bias, layer: DPLayerNorm) -> torch.Tensor:
+    def forward(ctx: Any, x, weight, bias, layer: _DPNorm) -> torch.Tensor:
         ctx.save_for_backward(x, weight, bias)
         ctx.layer = layer
-        return F.layer_norm(x, layer.normalized_shape, weight, bias, layer.eps)
+        return layer._normalize(x, weight, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
         x, weight, bias = ctx.saved_tensors
-        layer: DPLayerNorm = ctx.layer
+        layer: _DPNorm = ctx.layer
         grad_x = None
         if ctx.needs_input_grad[0]:
             with torch.enable_grad():
                 x_ = x.detach().requires_grad_(True)
                 w = None if weight is None else weight.detach()
                 b = None if bias is None else bias.detach()
-                out = F.layer_norm(x_, layer.normalized_shape, w, b, layer.eps)
-                (grad_x,) = torch.autograd.grad(out, x_, grad)
+                (grad_x,) = torch.autograd.grad(layer._normalize(x_, w, b), x_, grad)
         batch = x.shape[0]
         width = math.prod(layer.normalized_shape)
         g3 = _as_bt(grad, batch, width) * layer._per_example_scale(batch)
-        grad_weight, grad_bias = reference.layer_norm_per_example(
-            _as_bt(x, batch, width), g3, layer.eps
-        )
+        per_example = layer._per_example(_as_bt(x, batch, width), g3, x.dtype)
         contributions = []
-        for attribute, per_example in (("weight", grad_weight), ("bias", grad_bias)):
+        for attribute, per_example_grad in per_example.items():
             if attribute in layer._names:
                 shape = layer.normalized_shape
 
-                def clipped_sum(coef: torch.Tensor, per_example=per_example, shape=shape):
-                    return (per_example.T @ coef).reshape(shape)
+                def clipped_sum(coef: torch.Tensor, g=per_example_grad, shape=shape):
+                    return (g.T @ coef).reshape(shape)
 
                 contributions.append(
-                    Contribution(layer._names[attribute], per_example.square().sum(1), clipped_sum)
+                    Contribution(
+                        layer._names[attribute], per_example_grad.square().sum(1), clipped_sum
+                    )
                 )
         layer._record(ctx, batch, contributions)
         return grad_x, None, None, None
 
 
-class DPLayerNorm(DPLayer):
+class _DPNorm(DPLayer):
+    """Base of the normalisation layers: input ``(B, *, *normalized_shape)``."""
+
+    normalized_shape: tuple[int, ...]
+    weight: nn.Parameter | None
+    bias: nn.Parameter | None
+
+    def _normalize(self, x, weight, bias) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _per_example(self, x3, g3, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """``(B, D)`` per-example gradients by attribute, from float32 ``(B, T, D)`` x and g."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _batch_size(x, self._layer_name, len(self.normalized_shape) + 1)
+        return _NormFunction.apply(x, self.weight, self.bias, self)
+
+
+class DPLayerNorm(_DPNorm):
     """``nn.LayerNorm`` with per-example clipping: input ``(B, *, *normalized_shape)``."""
 
     def __init__(self, source: nn.LayerNorm, controller, names, layer_name) -> None:
@@ -236,6 +257,28 @@ class DPLayerNorm(DPLayer):
         self.weight = source.weight
         self.bias = source.bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _batch_size(x, self._layer_name, len(self.normalized_shape) + 1)
-        return _LayerNormFunction.apply(x, self.weight, self.bias, self)
+    def _normalize(self, x, weight, bias) -> torch.Tensor:
+        return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
+
+    def _per_example(self, x3, g3, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        grad_weight, grad_bias = reference.layer_norm_per_example(x3, g3, self.eps)
+        return {"weight": grad_weight, "bias": grad_bias}
+
+
+class DPRMSNorm(_DPNorm):
+    """``nn.RMSNorm`` with per-example clipping: input ``(B, *, *normalized_shape)``."""
+
+    def __init__(self, source: nn.RMSNorm, controller, names, layer_name) -> None:
+        super().__init__(controller, names, layer_name)
+        self.normalized_shape = tuple(source.normalized_shape)
+        self.eps = source.eps
+        self.weight = source.weight
+        self.bias = None
+
+    def _normalize(self, x, weight, bias) -> torch.Tensor:
+        return F.rms_norm(x, self.normalized_shape, weight, self.eps)
+
+    def _per_example(self, x3, g3, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        # eps=None means the machine epsilon of the input's dtype, as in the forward
+        eps = torch.finfo(dtype).eps if self.eps is None else self.eps
+        return {"weight": reference.rms_norm_per_example(x3, g3, eps)}

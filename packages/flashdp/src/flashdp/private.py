@@ -13,9 +13,9 @@ from torch import nn
 from flashdp.config import Clipping, LossReduction, PrivacyConfig
 from flashdp.controller import DPController
 from flashdp.fallback import VmapFallback
-from flashdp.layers import DPConv1D, DPEmbedding, DPLayer, DPLayerNorm, DPLinear
+from flashdp.layers import DPConv1D, DPEmbedding, DPLayer, DPLayerNorm, DPLinear, DPRMSNorm
 
-SUPPORTED_LAYERS = "nn.Linear, nn.Embedding, nn.LayerNorm, transformers' GPT-2 Conv1D"
+SUPPORTED_LAYERS = "nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm, transformers' GPT-2 Conv1D"
 _CONTROLLER_ATTRIBUTE = "_flashdp_controller"
 FALLBACKS = ("vmap",)
 
@@ -31,6 +31,8 @@ def _dp_class(module: nn.Module) -> type[DPLayer] | None:
         return DPLinear
     if type(module) is nn.LayerNorm:
         return DPLayerNorm
+    if type(module) is nn.RMSNorm:
+        return DPRMSNorm
     if type(module) is nn.Embedding:
         unsupported = {
             "max_norm": module.max_norm is not None,
@@ -138,7 +140,7 @@ def make_private(
 
     Args:
         model: a module whose trainable parameters all belong to supported layers
-            (``nn.Linear``, ``nn.Embedding``, ``nn.LayerNorm``, transformers' GPT-2 ``Conv1D``);
+            (``nn.Linear``, ``nn.Embedding``, ``nn.LayerNorm``, ``nn.RMSNorm``, GPT-2 ``Conv1D``);
             frozen parameters may live anywhere. Every layer input has the examples first.
         max_grad_norm: C, the bound of one example's whole gradient.
         noise_multiplier: σ.

@@ -152,3 +152,9 @@ def layer_norm_per_example(
     var = x.var(-1, unbiased=False, keepdim=True)
     normalized = (x - mean) * torch.rsqrt(var + eps)
     return (grad_output * normalized).sum(1), grad_output.sum(1)
+
+
+def rms_norm_per_example(x: torch.Tensor, grad_output: torch.Tensor, eps: float) -> torch.Tensor:
+    """Per-example gradients ``(B, D)`` of an RMSNorm's weight, Σ_t G_bt ⊙ x_bt / rms(x_bt), for
+    ``x, grad_output: (B, T, D)`` float32."""
+    return (grad_output * x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)).sum(1)
