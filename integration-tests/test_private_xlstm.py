@@ -1,10 +1,10 @@
 """Private xLSTM: flashdp on tfla-mlstm's ``xLSTMLM`` (reference backend, float32).
 
-``xLSTMLM`` holds trainable tensors that no fused DP layer covers: the RMS norms (``nn.RMSNorm``)
-and each mLSTM layer's per-head norm weight (a raw ``nn.Parameter``); its default head reuses the
-embedding matrix directly. Without the fallback this is refused, naming the modules; with
-``fallback="vmap"`` the untied model (``tie_embeddings=False``) trains with its embedding, FFN and
-head fused and the norms and mLSTM layers clipped per example under vmap. The tied head cannot
+``xLSTMLM`` holds a trainable tensor that no fused DP layer covers: each mLSTM layer's per-head norm
+weight (a raw ``nn.Parameter``); its default head reuses the embedding matrix directly. Without
+the fallback this is refused, naming the modules; with ``fallback="vmap"`` the untied model
+(``tie_embeddings=False``) trains with its embedding, RMS norms, FFN and head fused and the mLSTM
+layers clipped per example under vmap. The tied head cannot
 be clipped per layer (one parameter, two uses) and fails loudly.
 
 Oracle: brute-force per-example gradients of the unmodified model (``private_oracle``), with the
@@ -101,14 +101,12 @@ def test_private_xlstm_equals_brute_force(clipping):
 
     private = make(xlstm(tie=False), clipping, max_grad_norm, fallback="vmap")
     controller = flashdp.get_controller(private)
-    # fused: embedding, FFN and head; per example under vmap: the norms and the mLSTM layers
+    # fused: embedding, RMS norms, FFN and head; per example under vmap: the mLSTM layers
     assert isinstance(private.embedding, flashdp.DPEmbedding)
     assert isinstance(private.head, flashdp.DPLinear)
+    assert isinstance(private.norm, flashdp.DPRMSNorm)
     assert isinstance(private.blocks[0].ffn.down, flashdp.DPLinear)
-    assert set(controller.fallback_modules) == {
-        *(f"blocks.{i}.{m}" for i in range(2) for m in ("mixer", "norm_mixer", "norm_ffn")),
-        "norm",
-    }
+    assert controller.fallback_modules == ("blocks.0.mixer", "blocks.1.mixer")
     example_losses(private(ids), ids).sum().backward()
     got = {k: p.grad for k, p in private.named_parameters()}
     assert relative_error(got, expected) <= RTOL
@@ -117,7 +115,7 @@ def test_private_xlstm_equals_brute_force(clipping):
 def test_xlstm_without_fallback_is_refused_naming_the_modules():
     message = (
         r"'blocks\.0\.mixer' \(mLSTMLayer\): \['blocks\.0\.mixer\.norm_weight'\]"
-        r".*'blocks\.0\.norm_ffn' \(RMSNorm\).*fallback='vmap'"
+        r".*'blocks\.1\.mixer' \(mLSTMLayer\).*fallback='vmap'"
     )
     with pytest.raises(ValueError, match=message):
         make(xlstm(tie=False))
