@@ -5,7 +5,8 @@ its own data shard; then the pseudo-gradient ``Δ = mean_m (θ_global − θ_m)`
 outer SGD step with Nesterov momentum updates ``θ_global`` and every replica restarts from it. The
 inner AdamW states stay per replica. Data-parallel: gradients are all-reduced (averaged) every step
 and one AdamW step is taken on identical replicas. Without an initialised process group the
-trainer runs as a single replica (M = 1) with no communication.
+trainer runs as a single replica (M = 1) with no communication. Buffers are not synchronised:
+every ``inner_steps`` steps the replicas compare them and all raise if any differs.
 
 ``communicated_bytes`` counts the payload each replica hands to ``all_reduce`` (the size of the
 flattened fp32 buffer); a ring all-reduce moves about ``2 (M − 1) / M`` times that per replica.
