@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tfla_mlstm import xLSTMConfig, xLSTMLM
 from torch import nn
 
 from scaling_laws.diloco import DiLoCoConfig, DiLoCoTrainer
+from tfla_mlstm import xLSTMConfig, xLSTMLM
 
 SEQ_LEN = 64
 # 2 chunks per sequence: the chunkwise path carries its (C, n, m) state across a chunk border

@@ -13,13 +13,13 @@ import math
 import sys
 from pathlib import Path
 
-import flashdp
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import flashdp
 import peft_zoo as pz
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -17,12 +17,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import flashdp
 import pytest
 import torch
 import torch.nn.functional as F
-from tfla_mlstm import xLSTMConfig, xLSTMLM
 from torch import nn
+
+import flashdp
+from tfla_mlstm import xLSTMConfig, xLSTMLM
 
 sys.path.insert(0, str(Path(__file__).parent))
 

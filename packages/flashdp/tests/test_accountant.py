@@ -6,12 +6,13 @@ from __future__ import annotations
 import math
 import warnings
 
-import flashdp
 import numpy as np
 import pytest
-from flashdp import accountant
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import flashdp
+from flashdp import accountant
 
 GRID = [
     (sigma, q, steps, delta)

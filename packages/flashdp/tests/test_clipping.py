@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import copy
 
-import flashdp
 import pytest
 import torch
-from flashdp import reference
 from oracle import assert_matches, brute_force
 from torch import nn
+
+import flashdp
+from flashdp import reference
 
 
 def sum_mse(out, y):

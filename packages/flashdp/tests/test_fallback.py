@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import copy
 
-import flashdp
 import pytest
 import torch
 from oracle import assert_matches, brute_force
 from torch import nn
+
+import flashdp
 
 SLACK = 1 + 1e-5  # float32 rounding of the norms in the sensitivity bound
 

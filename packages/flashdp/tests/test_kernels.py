@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from flashdp import reference
 from flashdp.ops import linear_weight_clipped_sum_op, linear_weight_norm2_op
-
 from kernels_common import Tolerance, assert_kernel_matches
 from kernels_common.testing import device_for_backend
 

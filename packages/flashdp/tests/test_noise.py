@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 import math
 
-import flashdp
 import pytest
 import torch
 from torch import nn
+
+import flashdp
 
 
 def linear_model():

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import flashdp
 import pytest
 import torch
 
+import flashdp
 from kernels_common.testing import import_footprint, run_markdown_python
 
 README = Path(__file__).parents[1] / "README.md"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import flashdp
 import pytest
 import torch
 from torch import nn
+
+import flashdp
 
 
 def make(model, **kwargs):

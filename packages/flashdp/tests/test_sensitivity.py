@@ -9,10 +9,11 @@ relative slack 1e-5.
 
 from __future__ import annotations
 
-import flashdp
 import pytest
 import torch
 from torch import nn
+
+import flashdp
 
 SLACK = 1 + 1e-5
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+
 from tfla_mlstm import MLSTMSigState, MLSTMState
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from tfla_mlstm import mlstm_chunkwise, mlstm_parallel, mlstm_step, mlstmsig_chunkwise
 
 

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from tfla_mlstm.__main__ import main
 
 from kernels_common.testing import run_markdown_python
+from tfla_mlstm.__main__ import main
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

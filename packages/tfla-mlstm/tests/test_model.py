@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from tfla_mlstm import xLSTMConfig, xLSTMLM
 
 # float32 layers on O(1) activations; stepping and chunkwise differ only in summation order

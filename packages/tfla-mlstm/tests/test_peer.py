@@ -10,9 +10,9 @@ from __future__ import annotations
 import functools
 
 import pytest
-from tfla_mlstm import mlstm_chunkwise, mlstmsig_chunkwise
 
 from kernels_common.testing import Tolerance, assert_kernel_matches
+from tfla_mlstm import mlstm_chunkwise, mlstmsig_chunkwise
 
 native_parallel = pytest.importorskip("mlstm_kernels.torch.parallel.native")
 native_siging = pytest.importorskip("mlstm_kernels.torch.parallel.native_siging")

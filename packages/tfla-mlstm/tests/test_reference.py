@@ -11,6 +11,8 @@ import functools
 
 import pytest
 import torch
+
+from kernels_common.testing import Tolerance, assert_kernel_matches
 from tfla_mlstm import (
     mlstm_chunkwise,
     mlstm_parallel,
@@ -19,8 +21,6 @@ from tfla_mlstm import (
     mlstmsig_parallel,
     mlstmsig_recurrent,
 )
-
-from kernels_common.testing import Tolerance, assert_kernel_matches
 
 OUT_TOL = Tolerance(atol=1e-4, rtol=1e-4)
 GRAD_TOL = Tolerance(atol=1e-3, rtol=1e-3)

@@ -12,9 +12,9 @@ import functools
 
 import pytest
 import torch
-from tfla_mlstm import mlstm_chunkwise, mlstm_parallel, mlstmsig_chunkwise, mlstmsig_parallel
 
 from kernels_common.testing import Tolerance, assert_kernel_matches
+from tfla_mlstm import mlstm_chunkwise, mlstm_parallel, mlstmsig_chunkwise, mlstmsig_parallel
 
 OUT_TOL = Tolerance(atol=1e-4, rtol=1e-4)
 GRAD_TOL = Tolerance(atol=1e-3, rtol=1e-3)
