@@ -245,6 +245,35 @@ def test_tied_parameters_inside_one_fallback_module():
     assert_matches(private, expected)
 
 
+class SameChildTwice(nn.Module):
+    """One child module registered under two names (as T5 registers its shared embedding)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = CalledTwice()
+        self.second = self.first
+
+    def forward(self, x):
+        return self.second(torch.tanh(self.first(x)))
+
+
+def test_child_registered_twice_inside_one_fallback_module():
+    """The module keeps its parameter object across steps (functional_call's own tying would
+    leave the per-example tensor in its place), and both steps match brute force."""
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Linear(6, 8), SameChildTwice(), nn.Linear(8, 3))
+    x, y = data()
+    expected = brute_force(copy.deepcopy(model), sum_mse, x, y, "per_layer", max_grad_norm=1.0)
+    private = make(copy.deepcopy(model), fallback_modules=["1"])
+    scale = private[1].first.scale
+    for _ in range(2):
+        private.zero_grad()
+        sum_mse(private(x), y).backward()
+        assert private[1].first.scale is scale
+        assert private[1].second.scale is scale
+        assert_matches(private, expected)
+
+
 def test_unsupported_module_without_fallback_names_module_type_and_option():
     with pytest.raises(ValueError, match=r"'2\.conv' \(Conv1d\).*2\.conv\.weight.*fallback='vmap'"):
         make(model_with(ConvAdapter(8)), fallback=None)

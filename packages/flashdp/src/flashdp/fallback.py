@@ -78,6 +78,7 @@ class VmapFallback:
         self.layer_name = layer_name
         self.original_forward = module.forward
         self._call_original = _OriginalForward(module, self.original_forward)
+        self._paths = _substitution_paths(module, names)
 
     def _where(self) -> str:
         return f"fallback module {self.layer_name!r} ({type(self.module).__name__})"
@@ -130,9 +131,14 @@ class VmapFallback:
         refuse_batch_norm_in_training(self.module, self._where())
         leaves, spec = tree_flatten((args, kwargs))
         batch, dims = self._batch_dims(leaves)
-        expanded = {
-            f"inner.{relative}": _PerExample.apply(parameter, self, relative, batch)
+        per_example = {
+            relative: _PerExample.apply(parameter, self, relative, batch)
             for relative, parameter in trainable.items()
+        }
+        expanded = {
+            f"inner.{path}": per_example[relative]
+            for path, relative in self._paths.items()
+            if relative in per_example
         }
 
         def one_example(params: dict[str, torch.Tensor], inputs: list[Any]):
@@ -140,7 +146,9 @@ class VmapFallback:
                 x.unsqueeze(0) if dim == 0 else x for x, dim in zip(inputs, dims, strict=True)
             ]
             call_args, call_kwargs = tree_unflatten(inputs, spec)
-            out = functional_call(self._call_original, params, tuple(call_args), call_kwargs)
+            out = functional_call(
+                self._call_original, params, tuple(call_args), call_kwargs, tie_weights=False
+            )
             return tree_map(self._drop_example_dim, out)
 
         try:
@@ -162,3 +170,22 @@ class VmapFallback:
                 "the fallback needs every output to keep the examples in its first dimension"
             )
         return out.squeeze(0)
+
+
+def _substitution_paths(module: nn.Module, names: dict[str, str]) -> dict[str, str]:
+    """Where ``functional_call`` puts each parameter of ``names``: one path per (module object,
+    attribute) holding it -> its name in ``names``.
+
+    A parameter tied between two modules gets both paths (both uses see its per-example copy);
+    a submodule registered under two paths gets one (``functional_call``'s own weight tying sets
+    and restores such a module's attribute once per path, and leaves the substituted tensor in
+    place of the parameter).
+    """
+    canonical = {id(module.get_parameter(relative)): relative for relative in names}
+    paths = {}
+    for prefix, child in module.named_modules():  # each module object once
+        for attribute, parameter in child.named_parameters(recurse=False, remove_duplicate=False):
+            if id(parameter) in canonical:
+                path = f"{prefix}.{attribute}" if prefix else attribute
+                paths[path] = canonical[id(parameter)]
+    return paths
