@@ -339,6 +339,40 @@ def test_bad_fallback_inputs_and_outputs():
         private[0](3.0)
 
 
+class TupleOut(nn.Module):
+    """Returns a tuple holding None and a dict with a non-tensor (as Hugging Face layers return
+    ``(hidden, None)`` or ModelOutputs), and takes a keyword tensor argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(8))
+
+    def forward(self, x, *, shift=None):
+        return x * self.scale + shift, None, {"gate": torch.sigmoid(x @ self.scale), "n": 3}
+
+
+class UsesTuple(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.block, self.out = nn.Linear(6, 8), TupleOut(), nn.Linear(8, 3)
+
+    def forward(self, x):
+        hidden, nothing, extra = self.block(self.inp(x), shift=torch.ones(1, 1, 8))
+        assert nothing is None
+        assert extra["n"] == 3
+        return self.out(torch.tanh(hidden) * extra["gate"].unsqueeze(-1))
+
+
+def test_outputs_with_none_and_non_tensors():
+    torch.manual_seed(8)
+    model = UsesTuple()
+    x, y = data()
+    expected = brute_force(model, sum_mse, x, y, "flat", max_grad_norm=1.0)
+    private = make(copy.deepcopy(model), clipping="flat")
+    sum_mse(private(x), y).backward()
+    assert_matches(private, expected)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [

@@ -29,6 +29,8 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from flashdp.controller import DPController, refuse_batch_norm_in_training
 
+_TENSOR = object()  # where a tensor goes back into a fallback module's output
+
 
 class _PerExample(torch.autograd.Function):
     """``p -> p.expand(B, *p.shape)``; the backward receives the per-example gradients."""
@@ -149,17 +151,26 @@ class VmapFallback:
             out = functional_call(
                 self._call_original, params, tuple(call_args), call_kwargs, tie_weights=False
             )
-            return tree_map(self._drop_example_dim, out)
+            # vmap returns tensors only: the rest of the output (None, ints...) rides outside
+            out_leaves, structure["spec"] = tree_flatten(tree_map(self._drop_example_dim, out))
+            structure["rest"] = [
+                _TENSOR if isinstance(leaf, torch.Tensor) else leaf for leaf in out_leaves
+            ]
+            return tuple(leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor))
 
+        structure: dict[str, Any] = {}
         try:
-            return vmap(one_example, in_dims=(0, dims), randomness="different")(expanded, leaves)
+            tensors = vmap(one_example, in_dims=(0, dims), randomness="different")(expanded, leaves)
         except RuntimeError as error:
             raise RuntimeError(
                 f"{self._where()} cannot run one example at a time under torch.func.vmap: "
                 f"{error}. The vmap fallback needs a forward that treats examples "
                 "independently: no .item() or data-dependent Python control flow, no in-place "
-                "updates of buffers, tensors as outputs"
+                "updates of buffers"
             ) from error
+        remaining = iter(tensors)
+        out_leaves = [next(remaining) if x is _TENSOR else x for x in structure["rest"]]
+        return tree_unflatten(out_leaves, structure["spec"])
 
     def _drop_example_dim(self, out: Any) -> Any:
         if not isinstance(out, torch.Tensor):
