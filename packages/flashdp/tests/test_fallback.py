@@ -12,6 +12,7 @@ import pytest
 import torch
 from oracle import assert_matches, brute_force
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 import flashdp
 
@@ -184,6 +185,49 @@ def test_sensitivity_of_fallback_parameters(clipping):
         assert torch.stack(list(diffs.values())).norm() <= SLACK
         for name, diff in diffs.items():
             assert clipping == "flat" or diff <= bounds[name] * SLACK, name
+
+
+class Checkpointed(nn.Module):
+    """Activation checkpointing around the fallback module or around the last fused layer."""
+
+    def __init__(self, segment: str, reentrant: bool | None) -> None:
+        super().__init__()
+        self.inp, self.adapter, self.out = nn.Linear(6, 8), Adapter(8), nn.Linear(8, 3)
+        self.segment, self.reentrant = segment, reentrant
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        run = self.reentrant is not None and self.segment == "fallback"
+        h = checkpoint(self.adapter, h, use_reentrant=self.reentrant) if run else self.adapter(h)
+        if self.reentrant is None or self.segment == "fallback":
+            return self.out(torch.tanh(h))
+        return checkpoint(lambda t: self.out(torch.tanh(t)), h, use_reentrant=self.reentrant)
+
+
+@pytest.mark.parametrize("segment", ["fused", "fallback"])
+def test_activation_checkpointing(segment):
+    """Non-reentrant recomputation is never back-propagated itself: the gradients match brute
+    force in one release. Reentrant recomputation back-propagates in a nested backward pass,
+    which would release its examples apart from the rest of the batch: refused, nothing
+    released."""
+    torch.manual_seed(9)
+    x, y = data()
+    model = Checkpointed(segment, reentrant=None)
+    expected = brute_force(model, sum_mse, x, y, "flat", max_grad_norm=1.0)
+    for reentrant in (False, True):
+        checkpointed = Checkpointed(segment, reentrant)
+        checkpointed.load_state_dict(model.state_dict())
+        private = make(checkpointed, clipping="flat")
+        controller = flashdp.get_controller(private)
+        if not reentrant:
+            sum_mse(private(x), y).backward()
+            assert controller.steps == 1
+            assert_matches(private, expected)
+            continue
+        with pytest.raises(RuntimeError, match=r"recomputed inside a backward pass.*use_reentrant"):
+            sum_mse(private(x), y).backward()
+        assert controller.steps == 0
+        assert all(p.grad is None for p in private.parameters())
 
 
 def test_dropout_draws_differ_per_example():

@@ -16,6 +16,7 @@ import math
 import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -58,6 +59,28 @@ def refuse_batch_norm_in_training(module: nn.Module, where: str) -> None:
             "example with statistics of the whole batch, so one example changes the others' "
             "gradients and clipping no longer bounds its influence. Call .eval() on them "
             "(running statistics) or use GroupNorm / LayerNorm"
+        )
+
+
+def mark_forward(ctx: Any) -> None:
+    """Note on a DP autograd Function's ``ctx`` whether its forward ran inside a backward pass
+    (a recomputation, as activation checkpointing does)."""
+    ctx.flashdp_in_backward = torch._C._current_graph_task_id() != -1
+
+
+def refuse_recomputed(ctx: Any, controller: DPController, where: str) -> None:
+    """A forward recomputed inside a backward and back-propagated in a nested backward pass
+    (reentrant checkpointing) reports from another graph task than the rest of its pass: the
+    pass would split into several releases, each with its own noise and accountant step."""
+    if getattr(ctx, "flashdp_in_backward", False):
+        controller.abort()
+        raise RuntimeError(
+            f"{where} was recomputed inside a backward pass and back-propagated in a nested one "
+            "(reentrant activation checkpointing, torch.utils.checkpoint(use_reentrant=True)): "
+            "its examples would be "
+            "released apart from the rest of their logical batch, under a noise draw and "
+            "accountant step of their own; the logical batch was discarded. Use "
+            "use_reentrant=False or no activation checkpointing"
         )
 
 

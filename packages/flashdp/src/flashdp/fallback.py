@@ -27,7 +27,12 @@ from torch import nn
 from torch.func import functional_call, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from flashdp.controller import DPController, refuse_batch_norm_in_training
+from flashdp.controller import (
+    DPController,
+    mark_forward,
+    refuse_batch_norm_in_training,
+    refuse_recomputed,
+)
 
 _TENSOR = object()  # where a tensor goes back into a fallback module's output
 
@@ -38,6 +43,7 @@ class _PerExample(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, parameter, runner: VmapFallback, name: str, batch: int):
         ctx.runner, ctx.name = runner, name
+        mark_forward(ctx)
         return parameter.expand(batch, *parameter.shape)
 
     @staticmethod
@@ -86,6 +92,7 @@ class VmapFallback:
         return f"fallback module {self.layer_name!r} ({type(self.module).__name__})"
 
     def _record(self, ctx: Any, grad: torch.Tensor) -> None:
+        refuse_recomputed(ctx, self.controller, self._where())
         if getattr(ctx, "flashdp_recorded", False):
             raise RuntimeError(
                 f"backward ran twice through the same forward of {self._where()} "

@@ -21,7 +21,7 @@ from torch import nn
 
 from flashdp import reference
 from flashdp.clipping import Contribution
-from flashdp.controller import DPController
+from flashdp.controller import DPController, mark_forward, refuse_recomputed
 from flashdp.ops import linear_weight_clipped_sum_op, linear_weight_norm2_op
 
 
@@ -39,6 +39,7 @@ class DPLayer(nn.Module):
         return float(batch_size) if self._controller.config.loss_reduction == "mean" else 1.0
 
     def _record(self, ctx: Any, batch_size: int, contributions: list[Contribution]) -> None:
+        refuse_recomputed(ctx, self._controller, f"layer {self._layer_name!r}")
         # A second backward through the same forward (retain_graph=True) would add the same
         # examples' clipped gradients again: 2·C_l per example under one noise draw.
         if getattr(ctx, "flashdp_recorded", False):
@@ -98,6 +99,7 @@ class _MatmulFunction(torch.autograd.Function):
     def forward(ctx: Any, x, weight, bias, layer: DPLayer, transposed: bool) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.layer, ctx.transposed, ctx.has_bias = layer, transposed, bias is not None
+        mark_forward(ctx)
         if transposed:
             out = x @ weight
             return out if bias is None else out + bias
@@ -153,6 +155,7 @@ class _EmbeddingFunction(torch.autograd.Function):
     def forward(ctx: Any, indices, weight, layer: DPEmbedding) -> torch.Tensor:
         ctx.save_for_backward(indices)
         ctx.layer = layer
+        mark_forward(ctx)
         return F.embedding(indices, weight, layer.padding_idx)
 
     @staticmethod
@@ -194,6 +197,7 @@ class _NormFunction(torch.autograd.Function):
     def forward(ctx: Any, x, weight, bias, layer: _DPNorm) -> torch.Tensor:
         ctx.save_for_backward(x, weight, bias)
         ctx.layer = layer
+        mark_forward(ctx)
         return layer._normalize(x, weight, bias)
 
     @staticmethod
