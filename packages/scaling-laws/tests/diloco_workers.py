@@ -12,23 +12,30 @@ from scaling_laws.diloco.jobs import parameter_digest
 
 class ScaledMLP(nn.Module):
     """Linear -> norm -> tanh -> Linear; ``norm`` is BatchNorm (running statistics) or nothing,
-    and a constant ``scale`` buffer multiplies the input."""
+    and a constant ``scale`` buffer multiplies the input. With ``carry``, the forward replaces
+    a ``last`` buffer by a new tensor (the batch's mean input) instead of updating it in place."""
 
-    def __init__(self, batchnorm: bool) -> None:
+    def __init__(self, batchnorm: bool, carry: bool = False) -> None:
         super().__init__()
         self.first = nn.Linear(4, 16)
         self.norm = nn.BatchNorm1d(16) if batchnorm else nn.Identity()
         self.second = nn.Linear(16, 1)
         self.register_buffer("scale", torch.full((4,), 0.5))
+        self.carry = carry
+        self.register_buffer("last", torch.zeros(4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.carry:
+            self.last = x.mean(0).detach()
         return self.second(torch.tanh(self.norm(self.first(x * self.scale))))
 
 
-def buffer_job(rank: int, world_size: int, batchnorm: bool) -> list[tuple[int, str]]:
+def buffer_job(
+    rank: int, world_size: int, batchnorm: bool, carry: bool = False
+) -> list[tuple[int, str]]:
     """Four DiLoCo steps (H = 2) on rank-dependent data; the parameter digests at each sync."""
     torch.manual_seed(0)
-    model = ScaledMLP(batchnorm)
+    model = ScaledMLP(batchnorm, carry)
     trainer = DiLoCoTrainer(
         model,
         lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]),

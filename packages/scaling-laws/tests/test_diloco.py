@@ -303,3 +303,6 @@ def test_replicas_whose_buffers_drift_apart_fail_loudly(monkeypatch):
     rank0, rank1 = launch_local(buffer_job, 2, (False,), timeout_s=60)
     assert [s for s, _ in rank0] == [2, 4]
     assert rank0 == rank1
+    # a buffer the forward replaces by a new tensor is compared too (not the one it replaced)
+    with pytest.raises(WorkerFailed, match=r"model buffers \['last'\] differ"):
+        launch_local(buffer_job, 2, (False, True), timeout_s=60)

@@ -101,7 +101,6 @@ class DiLoCoTrainer:
         self.world_size = dist.get_world_size(group) if self.distributed else 1
         self.rank = dist.get_rank(group) if self.distributed else 0
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.buffers = list(model.named_buffers())
         if not self.params:
             raise ValueError("the model has no trainable parameters")
         if self.distributed:
@@ -146,10 +145,12 @@ class DiLoCoTrainer:
         an 8-byte sha256 prefix per buffer (not counted in ``communicated_bytes``); every replica
         sees the same gathered digests, so all raise together and none waits in a collective.
         """
-        if self.world_size == 1 or not self.buffers:
+        # looked up now, not at construction: a forward may replace a buffer (self.state = ...)
+        buffers = list(self.model.named_buffers())
+        if self.world_size == 1 or not buffers:
             return
         digests = []
-        for _, buffer in self.buffers:
+        for _, buffer in buffers:
             raw = buffer.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy()
             digest = hashlib.sha256(raw.tobytes()).digest()[:8]
             digests.append(int.from_bytes(digest, "little", signed=True))
@@ -157,9 +158,7 @@ class DiLoCoTrainer:
         gathered = [torch.empty_like(local) for _ in range(self.world_size)]
         dist.all_gather(gathered, local, group=self.group)
         table = torch.stack(gathered).cpu()
-        differ = [
-            name for i, (name, _) in enumerate(self.buffers) if len(set(table[:, i].tolist())) > 1
-        ]
+        differ = [name for i, (name, _) in enumerate(buffers) if len(set(table[:, i].tolist())) > 1]
         if differ:
             raise RuntimeError(
                 f"model buffers {differ} differ between the {self.world_size} replicas after "
