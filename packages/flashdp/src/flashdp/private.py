@@ -236,8 +236,9 @@ def make_private(
     if shared:
         raise ValueError(
             "trainable parameters shared by several modules would be clipped once per use: "
-            f"{sorted(shared)}; untie them (tie_word_embeddings=False) or freeze them"
-            f"{'' if fallback else ', or run one module holding all uses through the fallback'}"
+            f"{sorted(shared)}; untie them (tie_word_embeddings=False), freeze them, or run one "
+            "module holding all their uses through the fallback (fallback='vmap', "
+            "fallback_modules=[its name]; '' for the whole model)"
         )
     escaping = [
         name for name, p in model.named_parameters() if p.requires_grad and name not in covered
