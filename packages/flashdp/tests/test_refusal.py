@@ -246,8 +246,17 @@ def test_frozen_batch_norm_in_training_mode_is_refused():
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
     model[1].requires_grad_(False)
     private = make(model, noise_multiplier=0.0)
-    with pytest.raises(ValueError, match=r"BatchNorm layers in training mode \(\['1'\]\)"):
+    with pytest.raises(ValueError, match=r"BatchNorm layers in training mode.*\(\['1'\]\)"):
         private(torch.randn(5, 3))
     private.eval()  # running statistics: each example is normalised on its own
     private(torch.randn(5, 3)).sum().backward()
     assert private[0].weight.grad is not None
+
+
+def test_batch_norm_without_running_statistics_is_refused_in_eval_mode():
+    """Without running statistics BatchNorm normalises with the batch's even in eval mode."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4, track_running_stats=False))
+    model[1].requires_grad_(False)
+    private = make(model, noise_multiplier=0.0).eval()
+    with pytest.raises(ValueError, match=r"without running statistics \(\['1'\]\)"):
+        private(torch.randn(5, 3))

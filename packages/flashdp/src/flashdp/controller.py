@@ -41,11 +41,14 @@ class _Pass:
 
 
 def batch_norms_in_training(module: nn.Module) -> list[str]:
-    """Names of the BatchNorm layers in ``module`` that normalise with batch statistics."""
+    """Names of the BatchNorm layers in ``module`` that normalise with batch statistics: in
+    training mode, or in eval mode without running statistics (``track_running_stats=False``),
+    as ``_BatchNorm.forward`` decides."""
     return [
         name or type(child).__name__
         for name, child in module.named_modules()
-        if isinstance(child, nn.modules.batchnorm._BatchNorm) and child.training
+        if isinstance(child, nn.modules.batchnorm._BatchNorm)
+        and (child.training or (child.running_mean is None and child.running_var is None))
     ]
 
 
@@ -55,10 +58,11 @@ def refuse_batch_norm_in_training(module: nn.Module, where: str) -> None:
     mixing = batch_norms_in_training(module)
     if mixing:
         raise ValueError(
-            f"{where} contains BatchNorm layers in training mode ({mixing}): they normalise each "
-            "example with statistics of the whole batch, so one example changes the others' "
-            "gradients and clipping no longer bounds its influence. Call .eval() on them "
-            "(running statistics) or use GroupNorm / LayerNorm"
+            f"{where} contains BatchNorm layers in training mode or without running statistics "
+            f"({mixing}): they normalise each example with statistics of the whole batch, so one "
+            "example changes the others' gradients and clipping no longer bounds its influence. "
+            "Call .eval() on them with track_running_stats=True (running statistics) or use "
+            "GroupNorm / LayerNorm"
         )
 
 
