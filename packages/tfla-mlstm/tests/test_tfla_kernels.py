@@ -8,6 +8,7 @@ a few hundred O(1) terms). bf16/fp16 on the GPU, see ``LOW_PRECISION``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 
 from kernels_common.testing import Tolerance, assert_kernel_matches
 from tfla_mlstm import mlstm_chunkwise, mlstm_parallel, mlstmsig_chunkwise, mlstmsig_parallel
+from tfla_mlstm.kernels.tiles import Tiles
 
 OUT_TOL = Tolerance(atol=1e-4, rtol=1e-4)
 GRAD_TOL = Tolerance(atol=1e-3, rtol=1e-3)
@@ -101,6 +103,24 @@ def test_large_gates_stay_finite(triton_backend, make_inputs):
     assert torch.isfinite(h).all()
     assert all(torch.isfinite(inputs[n].grad).all() for n in "qkvif")
     check(triton_backend, "mlstm", make)
+
+
+@pytest.mark.parametrize("variant", ["mlstm", "sig"])
+def test_16_bit_tile_layout_matches_the_parallel_form(
+    triton_backend, make_inputs, monkeypatch, variant
+):
+    """The bf16/fp16 layout (head tiles up to 128, 32-step backward blocks) on float32 inputs with
+    full-precision dots, so the float32 bounds apply: its masks and block loops are under test
+    (DQK 80 and DV 144 leave partial head tiles; S 200 a partial chunk of 128)."""
+    choose = Tiles.choose.__func__
+
+    def sixteen_bit(cls, chunk_size, dqk, dv, dtype, *, backward=False):
+        tiles = choose(cls, chunk_size, dqk, dv, torch.bfloat16, backward=backward)
+        return dataclasses.replace(tiles, precision="ieee")
+
+    monkeypatch.setattr(Tiles, "choose", classmethod(sixteen_bit))
+    inputs = make_inputs(1, 1, 200, 80, 144, sig=variant == "sig", device=device_of(triton_backend))
+    check(triton_backend, variant, inputs, chunk_size=128)
 
 
 @pytest.mark.gpu

@@ -70,7 +70,12 @@ class TFLAFunction(torch.autograd.Function):
         C, n, m_chunk = states
         last = (C[:, -1].reshape(B, NH, DQK, DV), n[:, -1].reshape(B, NH, DQK))
         ctx.save_for_backward(qf, kf, vf, i, f, C0, n0, m0, h, den, z, *last)
-        ctx.options = (variant, eps, chunk_size, tiles)
+        ctx.options = (
+            variant,
+            eps,
+            chunk_size,
+            Tiles.choose(chunk_size, DQK, DV, q.dtype, backward=True),
+        )
         h = h.view(B, NH, length, DV)[:, :, :S].to(q.dtype, memory_format=torch.contiguous_format)
         return h, *last, m_chunk[:, -1].reshape(B, NH, 1)
 

@@ -245,7 +245,7 @@ def chunk_states_backward(
         _chunk_states_bwd_kernel[grid](
             q, dh, coef, inv_den, dz, decay, *d_last, dC, dn, S_PAD, NC, DQK, dv,
             L=chunk_size, BLOCK_L=tiles.seq, BLOCK_QK=tiles.qk, BLOCK_V=tiles.v,
-            PRECISION=tiles.precision,
+            PRECISION=tiles.precision, **tiles.launch,
         )  # fmt: skip
     return dC, dn
 
@@ -287,6 +287,7 @@ def qkv_backward(
         "BLOCK_QK": tiles.qk,
         "BLOCK_V": tiles.v,
         "PRECISION": tiles.precision,
+        **tiles.launch,
     }
     sizes = (scale, S_PAD, NC, DQK, DV)
     with device_guard(q):

@@ -167,7 +167,7 @@ def chunk_states(
         _chunk_states_kernel[grid](
             k, v, a, g, a_max, *initial, C, n, m, S_PAD, NC, DQK, DV,
             L=chunk_size, BLOCK_L=tiles.seq, BLOCK_QK=tiles.qk, BLOCK_V=tiles.v,
-            STABILIZED=stabilized, PRECISION=tiles.precision,
+            STABILIZED=stabilized, PRECISION=tiles.precision, **tiles.launch,
         )  # fmt: skip
     return C, n, m
 
@@ -205,5 +205,6 @@ def chunk_output(
             DQK**-0.5, eps, S_PAD, NC, DQK, DV,
             L=chunk_size, BLOCK_L=tiles.seq, BLOCK_QK=tiles.qk, BLOCK_V=tiles.v,
             STABILIZED=stabilized, NORMALIZE=normalize, PRECISION=tiles.precision,
+            **tiles.launch,
         )  # fmt: skip
     return h, den, z
