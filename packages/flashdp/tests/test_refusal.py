@@ -260,3 +260,25 @@ def test_batch_norm_without_running_statistics_is_refused_in_eval_mode():
     private = make(model, noise_multiplier=0.0).eval()
     with pytest.raises(ValueError, match=r"without running statistics \(\['1'\]\)"):
         private(torch.randn(5, 3))
+
+
+def test_empty_micro_batch_gets_a_clear_error_in_fused_layers_and_the_fallback():
+    """An empty Poisson batch must be skipped (noise still comes from `accumulate`); running it
+    used to fail deep inside the backward with a reshape error."""
+
+    class Prompt(nn.Module):  # raw parameter: runs through the vmap fallback
+        def __init__(self):
+            super().__init__()
+            self.shift = nn.Parameter(torch.zeros(3))
+
+        def forward(self, x):
+            return x + self.shift
+
+    private = make(nn.Sequential(Prompt(), nn.Linear(3, 2)), fallback="vmap")
+    with pytest.raises(ValueError, match=r"0 examples.*accumulate"):
+        private(torch.randn(0, 3))
+    fused = make(nn.Sequential(nn.Linear(3, 2)))
+    with pytest.raises(ValueError, match=r"0 examples.*accumulate"):
+        fused(torch.randn(0, 3))
+    with torch.no_grad():  # evaluating an empty batch computes nothing private: allowed
+        assert fused(torch.randn(0, 3)).shape == (0, 2)

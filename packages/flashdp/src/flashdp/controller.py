@@ -27,6 +27,12 @@ from flashdp.config import PrivacyConfig
 
 logger = logging.getLogger(__name__)
 
+EMPTY_BATCH = (
+    "a batch of 0 examples reached a private layer; skip the forward and backward of an empty "
+    "(Poisson-sampled) batch and keep the step inside `controller.accumulate()`, which still "
+    "releases the noise once"
+)
+
 
 @dataclass
 class _Pass:

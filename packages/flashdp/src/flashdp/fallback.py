@@ -28,6 +28,7 @@ from torch.func import functional_call, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from flashdp.controller import (
+    EMPTY_BATCH,
     DPController,
     mark_forward,
     refuse_batch_norm_in_training,
@@ -115,6 +116,8 @@ class VmapFallback:
                 "runs the module one example at a time and needs the examples first"
             )
         batch = max(leading)
+        if batch == 0:
+            raise ValueError(f"{self._where()}: {EMPTY_BATCH}")
         dims: list[int | None] = []
         for index, x in enumerate(leaves):
             if not isinstance(x, torch.Tensor) or x.dim() == 0 or (x.shape[0] == 1 < batch):

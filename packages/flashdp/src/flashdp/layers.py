@@ -21,7 +21,7 @@ from torch import nn
 
 from flashdp import reference
 from flashdp.clipping import Contribution
-from flashdp.controller import DPController, mark_forward, refuse_recomputed
+from flashdp.controller import EMPTY_BATCH, DPController, mark_forward, refuse_recomputed
 from flashdp.ops import linear_weight_clipped_sum_op, linear_weight_norm2_op
 
 
@@ -61,6 +61,8 @@ def _batch_size(tensor: torch.Tensor, layer: str, min_dim: int) -> int:
             f"{layer}: input of shape {tuple(tensor.shape)} has no example dimension; DP layers "
             f"need inputs of at least {min_dim} dims with the examples first"
         )
+    if tensor.shape[0] == 0 and torch.is_grad_enabled():
+        raise ValueError(f"{layer}: {EMPTY_BATCH}")
     return tensor.shape[0]
 
 
