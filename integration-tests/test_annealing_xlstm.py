@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from diloco_xlstm_jobs import train_with_schedule
 
-from scaling_laws import AnnealingCurve, fit, schedules
+from scaling_laws import AnnealingCurve, fit, relative_errors, schedules
 
 TOTAL, PEAK, WARMUP = 300, 5e-3, 20
 DECAY_START = 240  # WSD's last 20%: up to here it is the constant run, step for step
@@ -38,11 +38,6 @@ PLANS = {
     "cosine": schedules.cosine(TOTAL, PEAK, warmup_steps=WARMUP, final_lr=0.1 * PEAK),
     "wsd": schedules.wsd(TOTAL, PEAK, warmup_steps=WARMUP, decay_fraction=0.2),
 }
-
-
-def _errors(law, curve: AnnealingCurve) -> np.ndarray:
-    predicted = law.predict(curve.lrs, warmup_steps=curve.warmup_steps)[curve.steps - 1]
-    return np.abs(predicted - curve.losses) / curve.losses
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +64,8 @@ def test_law_fitted_on_constant_and_cosine_predicts_wsd(curves):
     ignores annealing (the constant run's measured curve), and it must predict WSD to end below
     the constant run, as the measured runs do."""
     law = fit([curves["constant"], curves["cosine"]])
-    in_sample = [_errors(law, curves[name]) for name in ("constant", "cosine")]
-    wsd = _errors(law, curves["wsd"])
+    in_sample = [relative_errors(law, curves[name]) for name in ("constant", "cosine")]
+    wsd = relative_errors(law, curves["wsd"])
     mean_in, max_in = max(e.mean() for e in in_sample), max(e.max() for e in in_sample)
     finals = {
         name: float(law.predict(c.lrs, warmup_steps=WARMUP)[-1]) for name, c in curves.items()

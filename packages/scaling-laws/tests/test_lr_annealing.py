@@ -16,6 +16,7 @@ from scaling_laws import (
     compare_schedules,
     fit,
     relative_error,
+    relative_errors,
     schedules,
 )
 
@@ -213,3 +214,14 @@ def test_curves_without_annealing_cannot_identify_c():
     # recovers it to the optimizer's tolerance; 0.1% leaves room for L-BFGS-B's stopping rule)
     law = fit([constant, (wsd, steps, truth.predict(wsd, warmup_steps=20)[steps - 1], 20)])
     assert abs(law.C - truth.C) <= 1e-3 * truth.C
+
+
+def test_relative_errors_are_the_known_per_step_deviations():
+    lrs = schedules.cosine(300, 1e-3, warmup_steps=WARMUP)
+    steps = np.arange(50, 301, 50)
+    exact = TRUTH.predict(lrs, warmup_steps=WARMUP)[steps - 1]
+    deviations = np.array([0.01, -0.02, 0.0, 0.03, -0.005, 0.015])
+    curve = AnnealingCurve(lrs, steps, exact / (1 + deviations), WARMUP)
+    # observed = exact / (1 + d)  =>  |exact - observed| / observed = |d|
+    np.testing.assert_allclose(relative_errors(TRUTH, curve), np.abs(deviations), rtol=1e-12)
+    assert relative_error(TRUTH, curve) == pytest.approx(np.abs(deviations).mean(), rel=1e-12)

@@ -31,6 +31,7 @@ from scaling_laws.lr_annealing import (
     compare_schedules,
     fit,
     relative_error,
+    relative_errors,
 )
 from scaling_laws.power_law import PowerLaw, fit_power_law
 from scaling_laws.power_lines import (
@@ -67,6 +68,7 @@ __all__ = [
     "pareto_front",
     "power_lines",
     "relative_error",
+    "relative_errors",
     "schedules",
     "timescale",
 ]

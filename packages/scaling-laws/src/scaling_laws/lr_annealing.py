@@ -41,6 +41,7 @@ __all__ = [
     "compare_schedules",
     "fit",
     "relative_error",
+    "relative_errors",
 ]
 
 logger = logging.getLogger(__name__)
@@ -301,11 +302,16 @@ def fit(
     return law
 
 
-def relative_error(law: LRAnnealingLaw, curve: AnnealingCurve | Sequence) -> float:
-    """Mean of ``|predicted − observed| / observed`` over a curve's observed steps."""
+def relative_errors(law: LRAnnealingLaw, curve: AnnealingCurve | Sequence) -> np.ndarray:
+    """``|predicted − observed| / observed`` at each of a curve's observed steps."""
     curve = AnnealingCurve.coerce(curve)
     predicted = law.predict(curve.lrs, warmup_steps=curve.warmup_steps)[curve.steps - 1]
-    return float(np.mean(np.abs(predicted - curve.losses) / curve.losses))
+    return np.abs(predicted - curve.losses) / curve.losses
+
+
+def relative_error(law: LRAnnealingLaw, curve: AnnealingCurve | Sequence) -> float:
+    """Mean of :func:`relative_errors` over a curve's observed steps."""
+    return float(np.mean(relative_errors(law, curve)))
 
 
 def compare_schedules(
