@@ -14,7 +14,7 @@ import functools
 import pytest
 import torch
 
-from kernels_common.testing import Tolerance, assert_kernel_matches
+from kernels_common.testing import Tolerance, assert_kernel_matches, device_for_backend
 from tfla_mlstm import mlstm_chunkwise, mlstm_parallel, mlstmsig_chunkwise, mlstmsig_parallel
 from tfla_mlstm.kernels.tiles import Tiles
 
@@ -47,10 +47,6 @@ CASES = [
 ]
 
 
-def device_of(backend) -> str:
-    return "cpu" if backend.value == "interpreter" else "cuda"
-
-
 def check(triton_backend, variant, inputs, dtype=torch.float32, chunk_size=16, **options):
     parallel, chunkwise, variant_options = VARIANTS[variant]
     tolerances = (OUT_TOL, GRAD_TOL) if dtype == torch.float32 else LOW_PRECISION[dtype]
@@ -70,7 +66,7 @@ def check(triton_backend, variant, inputs, dtype=torch.float32, chunk_size=16, *
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_kernels_match_the_parallel_form(triton_backend, make_inputs, variant, case):
     *sizes, chunk_size = case
-    device = device_of(triton_backend)
+    device = device_for_backend(triton_backend)
     report = check(
         triton_backend,
         variant,
@@ -83,7 +79,7 @@ def test_kernels_match_the_parallel_form(triton_backend, make_inputs, variant, c
 @pytest.mark.parametrize("variant", ["mlstm", "sig"])
 def test_kernels_carry_states_in_and_out(triton_backend, make_inputs, variant):
     """Initial state in, last state out: values and gradients of both, through the kernels."""
-    device = device_of(triton_backend)
+    device = device_for_backend(triton_backend)
     report = check(
         triton_backend,
         variant,
@@ -94,7 +90,7 @@ def test_kernels_carry_states_in_and_out(triton_backend, make_inputs, variant):
 
 
 def test_large_gates_stay_finite(triton_backend, make_inputs):
-    device = device_of(triton_backend)
+    device = device_for_backend(triton_backend)
     make = make_inputs(1, 1, 48, 8, 8, gate_scale=8.0, device=device)
     inputs = make(torch.Generator().manual_seed(3))
     assert inputs["i"].abs().max() > 15
@@ -119,7 +115,9 @@ def test_16_bit_tile_layout_matches_the_parallel_form(
         return dataclasses.replace(tiles, precision="ieee")
 
     monkeypatch.setattr(Tiles, "choose", classmethod(sixteen_bit))
-    inputs = make_inputs(1, 1, 200, 80, 144, sig=variant == "sig", device=device_of(triton_backend))
+    inputs = make_inputs(
+        1, 1, 200, 80, 144, sig=variant == "sig", device=device_for_backend(triton_backend)
+    )
     check(triton_backend, variant, inputs, chunk_size=128)
 
 
@@ -178,7 +176,7 @@ def test_forgetting_every_step_stays_exact(triton_backend, make_inputs, variant)
     """Forget gates near 0 (logσ(f) ≈ -30 per step): inside a chunk the masked (future)
     log-weights reach +30 per step of distance and must never be exponentiated (inf, and an
     overflow warning under the interpreter)."""
-    device = device_of(triton_backend)
+    device = device_for_backend(triton_backend)
     make = make_inputs(1, 2, 40, 8, 8, sig=variant == "sig", state=True, device=device)
 
     def forgetting(generator: torch.Generator) -> dict:
@@ -194,7 +192,7 @@ def test_low_precision_backward_uses_the_unrounded_output(triton_backend):
     ``∂L/∂q_1 = 0`` exactly. The kernel forms it as ``Σ_j (dh·v_j / den - dh·h / den) k_j``, where
     every term is exact in float32 (den = 2, weights 1, eps 0): only an ``h`` rounded to float16
     (relative error 2^-11) leaves a residue, about 1e-4 here."""
-    device = device_of(triton_backend)
+    device = device_for_backend(triton_backend)
     generator = torch.Generator().manual_seed(0)
     DQK = DV = 16
     q, k = torch.zeros(1, 1, 2, DQK), torch.zeros(1, 1, 2, DQK)
