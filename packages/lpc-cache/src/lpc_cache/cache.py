@@ -184,49 +184,43 @@ class PrefixCache:
         self, lease: Lease, hashes: Sequence[int], start: int, now: float, fresh: bool
     ) -> None:
         blocks = self.blocks
-        todo = hashes[start:]
-        # after a match none of the rest is cached (the cached set is prefix-closed); a reply's
-        # blocks may have been stored meanwhile by the conversation's next request
-        missing = len(todo) if fresh else sum(h not in blocks for h in todo)
-        overflow = len(blocks) + missing - self.capacity_blocks
-        if overflow > 0:
-            # evicting up front is the same as one at a time: the new blocks are pinned
-            self._evict(overflow)
         path = lease.blocks
-        parent = path[-1] if path else None
         new_start = len(path)
-        if fresh:
-            room = self.capacity_blocks - len(blocks)
-            if len(todo) > room:
-                todo = todo[: max(room, 0)]
-                lease.complete = False
-            if todo and parent is not None:
-                parent.children += 1
-                parent.version += 1
-            for h in todo:
-                block = Block(h, parent, now)
-                blocks[h] = block
-                path.append(block)
-                parent = block
-            for block in path[new_start:-1]:
-                block.children = 1
-        else:
+        todo = hashes[start:]
+        if not fresh:
+            # a reply's leading blocks may have been stored meanwhile (by the conversation's next
+            # request, or a shared header after an identical prompt): pin them before making
+            # room, so that the eviction below cannot take a block this lease is about to reuse.
+            # The cached set is prefix-closed, so the cached part of ``todo`` is a prefix of it.
             for h in todo:
                 block = blocks.get(h)
-                if block is not None:  # stored meanwhile by another request
-                    block.pins += 1
-                    block.version += 1
-                else:
-                    if len(blocks) >= self.capacity_blocks:
-                        lease.complete = False
-                        break
-                    block = Block(h, parent, now)
-                    blocks[h] = block
-                    if parent is not None:
-                        parent.children += 1
-                        parent.version += 1
+                if block is None:
+                    break
+                block.pins += 1
+                block.version += 1
                 path.append(block)
-                parent = block
+            todo = todo[len(path) - new_start :]
+        # none of ``todo`` is cached now; evicting up front is the same as one at a time, since
+        # the new blocks are pinned
+        overflow = len(blocks) + len(todo) - self.capacity_blocks
+        if overflow > 0:
+            self._evict(overflow)
+        room = self.capacity_blocks - len(blocks)
+        if len(todo) > room:
+            todo = todo[: max(room, 0)]
+            lease.complete = False
+        parent = path[-1] if path else None
+        if todo and parent is not None:
+            parent.children += 1
+            parent.version += 1
+        first_new = len(path)
+        for h in todo:
+            block = Block(h, parent, now)
+            blocks[h] = block
+            path.append(block)
+            parent = block
+        for block in path[first_new:-1]:
+            block.children = 1
         self.policy.on_insert(path[new_start:], lease.access, now, new_start)
 
     def release(self, lease: Lease, now: float = 0.0) -> None:
