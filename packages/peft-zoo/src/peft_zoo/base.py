@@ -1,9 +1,17 @@
-"""The wrapper every adapter method shares: freezing, parameter counts, adapter-only saving."""
+"""The wrapper every adapter method shares: freezing, parameter counts, adapter-only saving.
+
+A wrapper's ``state_dict()`` holds the adapter alone, as its ``save_pretrained`` does: the frozen
+base model is the user's own checkpoint, not part of the adapter's state. So ``torch.save``, and
+Hugging Face ``Trainer`` checkpoints (which save ``model.state_dict()`` for a model that is not a
+``PreTrainedModel``) hold only the adapter, and ``load_state_dict`` of such a dict leaves the base
+as it is. :meth:`PeftZooModel.full_state_dict` returns everything.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +41,9 @@ class PeftZooModel(nn.Module):
         self.peft_config = config
         for parameter in base_model.parameters():
             parameter.requires_grad_(False)
+        self._include_base = False
+        self.register_state_dict_post_hook(_drop_frozen_base)
+        self.register_load_state_dict_pre_hook(_keep_absent_base)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -45,6 +56,23 @@ class PeftZooModel(nn.Module):
     def adapter_state_dict(self) -> dict[str, torch.Tensor]:
         """The adapter's tensors (all of them, trainable or frozen in the current stage)."""
         raise NotImplementedError
+
+    def adapter_names(self) -> set[str]:
+        """Names of the adapter's tensors as they appear in this module's ``state_dict()``."""
+        ids = {id(tensor) for tensor in self.adapter_state_dict().values()}
+        named = chain(
+            self.named_parameters(remove_duplicate=False),
+            self.named_buffers(remove_duplicate=False),
+        )
+        return {name for name, tensor in named if id(tensor) in ids}
+
+    def full_state_dict(self, *args, **kwargs) -> dict[str, Any]:
+        """``nn.Module.state_dict`` with the frozen base included (same arguments)."""
+        self._include_base = True
+        try:
+            return super().state_dict(*args, **kwargs)
+        finally:
+            self._include_base = False
 
     def extra_state(self) -> dict[str, Any]:
         """JSON-ready state saved beside the config (e.g. LoPE's training stage)."""
@@ -104,3 +132,24 @@ class PeftZooModel(nn.Module):
                         f"the model expects {tuple(target.shape)}"
                     )
                 target.copy_(tensors[name])
+
+
+def _drop_frozen_base(module: PeftZooModel, state_dict: dict, prefix: str, local_metadata) -> None:
+    """``state_dict`` post-hook: remove the frozen base's entries, keep the adapter's."""
+    if module._include_base:
+        return
+    adapter = {prefix + name for name in module.adapter_names()}
+    base = prefix + "base_model."
+    for key in [k for k in state_dict if k.startswith(base) and k not in adapter]:
+        del state_dict[key]
+
+
+def _keep_absent_base(module: PeftZooModel, state_dict: dict, prefix: str, *args) -> None:
+    """``load_state_dict`` pre-hook: a base entry absent from the loaded dict (an adapter-only
+    checkpoint) keeps its current value, so it is not reported missing; adapter entries stay
+    required under ``strict``."""
+    adapter = module.adapter_names()
+    for name, value in module.full_state_dict(keep_vars=True).items():
+        key = prefix + name
+        if name.startswith("base_model.") and name not in adapter and key not in state_dict:
+            state_dict[key] = value.detach() if isinstance(value, torch.Tensor) else value

@@ -11,6 +11,7 @@ experts keep their router weights (no renormalisation).
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -126,8 +127,37 @@ class LoPEModel(PeftZooModel):
         for layer in self.lope_layers():
             layer.mask_poison = masked
 
-    def forward(self, *args, **kwargs):
-        return self.base_model(*args, **kwargs)
+    @property
+    def accepts_loss_kwargs(self) -> bool:
+        """What Hugging Face ``Trainer`` infers for the base model itself: this forward is the
+        base's, so the base decides whether ``num_items_in_batch`` scales its loss."""
+        base = self.base_model
+        if hasattr(base, "accepts_loss_kwargs"):
+            return bool(base.accepts_loss_kwargs)
+        parameters = inspect.signature(base.forward).parameters.values()
+        return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        **kwargs,
+    ):
+        """The base model's forward with the LoPE layers in place (same arguments and output).
+
+        The parameters are named, as in ``peft``'s models, so that Hugging Face ``Trainer``
+        keeps the dataset's ``input_ids`` / ``attention_mask`` / ``labels`` columns and finds the
+        label names; everything else (``position_ids``, ``num_items_in_batch``, ...) is passed on.
+        """
+        named = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "inputs_embeds": inputs_embeds,
+            "labels": labels,
+        }
+        return self.base_model(**{k: v for k, v in named.items() if v is not None}, **kwargs)
 
     def generate(self, *args, **kwargs):
         return self.base_model.generate(*args, **kwargs)

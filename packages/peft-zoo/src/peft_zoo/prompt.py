@@ -85,16 +85,25 @@ def insert_prompt(embeds: torch.Tensor, mask: torch.Tensor, prompt: torch.Tensor
     return Inserted(new_embeds, new_mask.long(), positions, leading, source_index)
 
 
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy: ``logits (B, L, V)`` at ``t`` predict ``labels[:, t+1]``;
-    label -100 is ignored."""
-    return F.cross_entropy(
-        logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
-    )
+def causal_lm_loss(
+    logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
+) -> torch.Tensor:
+    """Next-token cross-entropy: ``logits (B, L, V)`` at ``t`` predict ``labels[:, t+1]``; label
+    -100 is ignored. The mean over the predicted tokens, or, given ``num_items_in_batch`` (the
+    predicted tokens of a whole accumulated batch, as Hugging Face ``Trainer`` passes it), their
+    sum divided by it."""
+    flat_logits, flat_labels = logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten()
+    if num_items_in_batch is None:
+        return F.cross_entropy(flat_logits, flat_labels, ignore_index=-100)
+    total = F.cross_entropy(flat_logits, flat_labels, ignore_index=-100, reduction="sum")
+    return total / num_items_in_batch
 
 
 class PromptModel(PeftZooModel):
     """Base for methods that prepend an input-dependent prompt; subclasses define :meth:`prompt`."""
+
+    # the loss honours ``num_items_in_batch``, so Trainer need not rescale it for accumulation
+    accepts_loss_kwargs = True
 
     def prompt(self, embeds: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The prompt ``(B, P, H)`` for input embeddings ``(B, L, H)`` and mask ``(B, L)``."""
@@ -147,6 +156,7 @@ class PromptModel(PeftZooModel):
         inputs_embeds: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
         context_mask: torch.Tensor | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
     ) -> ModelOutput:
         """Run the base model on the input with the prompt inserted.
@@ -158,6 +168,9 @@ class PromptModel(PeftZooModel):
                 sequence classification: ``(B,)`` passed to the base model.
             context_mask: ``(B, L)``, the positions summarised by the method (default: all real
                 tokens); see the module docstring.
+            num_items_in_batch: the labelled items of the whole (accumulated) batch, as Hugging
+                Face ``Trainer`` passes it: the loss is then a sum divided by it (for a base
+                model's loss over ``(B,)`` labels: its mean times this batch's share of items).
 
         Returns:
             The base model's output; 3-D outputs (``logits (B, L, V)``) are aligned with the input.
@@ -172,7 +185,10 @@ class PromptModel(PeftZooModel):
         if output.logits.dim() == 3:
             output["logits"] = inserted.extract(output.logits)
         if is_lm:
-            output["loss"] = causal_lm_loss(output.logits, labels)
+            output["loss"] = causal_lm_loss(output.logits, labels, num_items_in_batch)
+        elif labels is not None and num_items_in_batch is not None:
+            # the base model's loss is a mean over its labels: rescale it to a share of the sum
+            output["loss"] = output.loss * (labels.ne(-100).sum() / num_items_in_batch)
         return output
 
     @torch.no_grad()
