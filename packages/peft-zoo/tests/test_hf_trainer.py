@@ -157,3 +157,116 @@ def test_state_dict_round_trips_and_full_state_dict_has_the_base():
         model.load_state_dict(broken)
     full = model.full_state_dict()
     model.load_state_dict(full)  # a whole checkpoint loads too
+
+
+def bert_classifier() -> torch.nn.Module:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        num_labels=3,
+        hidden_dropout_prob=0.0,  # one batch and two micro-batches must see the same network
+        attention_probs_dropout_prob=0.0,
+    )
+    return BertForSequenceClassification(config).eval()
+
+
+def pair_rows(size: int) -> list[dict]:
+    generator = torch.Generator().manual_seed(4)
+    ids = torch.randint(3, VOCAB, (size, LENGTH), generator=generator)
+    segments = (torch.arange(LENGTH) >= LENGTH // 2).long().expand(size, -1)
+    labels = torch.randint(0, 3, (size,), generator=generator)
+    return [
+        {"input_ids": i, "token_type_ids": t, "labels": y}
+        for i, t, y in zip(ids, segments, labels, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("method", ["ptmoe", "lope", "capt"])
+def test_classification_base_keeps_columns_and_accumulates_exactly(method, tmp_path):
+    """A BERT sentence-pair classifier: ``token_type_ids`` reach the base under default
+    arguments, and 2 accumulated micro-batches of 2 equal one batch of 4 (HF's own BERT loss
+    ignores ``num_items_in_batch``; the wrappers rescale its mean loss themselves)."""
+    rows = pair_rows(4)
+    rows[1]["labels"] = torch.tensor(-100)  # unequal labelled counts per micro-batch: 1 and 2
+    updates = []
+    for micro, accumulate in ((4, 1), (2, 2)):
+        model = pz.get_peft_model(bert_classifier(), METHODS[method]())
+        if method == "lope":
+            model.set_stage(2)
+        if method == "ptmoe":
+            model.adapter.config = pz.PTMoEConfig(4, 2, 4, router_noise_std=0.0)
+        seen: list[set] = []
+
+        def record(module, args, kwargs, seen=seen):
+            seen.append(set(kwargs))
+
+        model.base_model.register_forward_pre_hook(record, with_kwargs=True)
+        args = arguments(
+            tmp_path / f"{method}{micro}",
+            per_device_train_batch_size=micro,
+            gradient_accumulation_steps=accumulate,
+            max_steps=1,
+            optim="sgd",
+            learning_rate=1.0,
+            lr_scheduler_type="constant",
+            max_grad_norm=0.0,
+            save_strategy="no",
+        )
+        start = adapter(model)
+        Trainer(model=model, args=args, train_dataset=rows).train()
+        assert all("token_type_ids" in keys for keys in seen), seen
+        updates.append({k: v - start[k] for k, v in adapter(model).items()})
+    one, accumulated = updates
+    scale = max(v.abs().max().item() for v in one.values())
+    assert scale > 0
+    for key in one:
+        torch.testing.assert_close(accumulated[key], one[key], rtol=0, atol=1e-5 * scale)
+
+
+def test_micro_batch_without_labels_gives_zero_loss_and_finite_gradients():
+    for method in ("ptmoe", "lope"):
+        model = pz.get_peft_model(bert_classifier(), METHODS[method]())
+        if method == "lope":
+            model.set_stage(2)
+        ids = torch.randint(3, VOCAB, (2, LENGTH))
+        out = model(input_ids=ids, labels=torch.tensor([-100, -100]), num_items_in_batch=3)
+        assert out.loss.item() == 0.0
+        out.loss.backward()
+        grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
+        assert grads
+        assert all(torch.isfinite(g).all() for g in grads)
+
+
+def test_assign_load_and_a_tied_base_leave_the_base_untouched(tmp_path):
+    """``load_state_dict(assign=True)`` of an adapter-only dict replaces no base parameter (a
+    GPT-2 base keeps its tied head), and such a base checkpoints under Trainer (safetensors
+    refuses shared tensors, which a whole state dict of a tied model has)."""
+    model = pz.get_peft_model(tiny_model("gpt2"), pz.LoPEConfig(r=4, num_experts=2))
+    base = model.base_model
+    before = {name: id(p) for name, p in model.named_parameters() if ".lope_" not in name}
+    assert base.lm_head.weight is base.transformer.wte.weight
+    model.load_state_dict(model.state_dict(), assign=True)
+    after = {name: id(p) for name, p in model.named_parameters() if ".lope_" not in name}
+    assert after == before
+    assert base.lm_head.weight is base.transformer.wte.weight
+    model.set_stage(2)
+    args = arguments(tmp_path, max_steps=2, save_steps=2)
+    Trainer(model=model, args=args, train_dataset=dataset(8, seed=5)).train()
+    assert set(load_file(tmp_path / "checkpoint-2" / "model.safetensors")) == model.adapter_names()
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_positional_inputs_are_ids_mask_labels(method):
+    model = wrapped(method).eval()
+    ids = torch.randint(3, VOCAB, (2, LENGTH))
+    mask = torch.ones_like(ids)
+    positional = model(ids, mask, ids)
+    named = model(input_ids=ids, attention_mask=mask, labels=ids)
+    torch.testing.assert_close(positional.loss, named.loss, rtol=0, atol=0)

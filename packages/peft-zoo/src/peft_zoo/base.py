@@ -43,7 +43,8 @@ class PeftZooModel(nn.Module):
             parameter.requires_grad_(False)
         self._include_base = False
         self.register_state_dict_post_hook(_drop_frozen_base)
-        self.register_load_state_dict_pre_hook(_keep_absent_base)
+        self.register_load_state_dict_pre_hook(_note_absent_base)
+        self.register_load_state_dict_post_hook(_forgive_absent_base)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -144,12 +145,48 @@ def _drop_frozen_base(module: PeftZooModel, state_dict: dict, prefix: str, local
         del state_dict[key]
 
 
-def _keep_absent_base(module: PeftZooModel, state_dict: dict, prefix: str, *args) -> None:
-    """``load_state_dict`` pre-hook: a base entry absent from the loaded dict (an adapter-only
-    checkpoint) keeps its current value, so it is not reported missing; adapter entries stay
-    required under ``strict``."""
+def _note_absent_base(module: PeftZooModel, state_dict: dict, prefix: str, *args) -> None:
+    """``load_state_dict`` pre-hook: note the base entries absent from the loaded dict (an
+    adapter-only checkpoint); those tensors are left untouched."""
     adapter = module.adapter_names()
-    for name, value in module.full_state_dict(keep_vars=True).items():
-        key = prefix + name
-        if name.startswith("base_model.") and name not in adapter and key not in state_dict:
-            state_dict[key] = value.detach() if isinstance(value, torch.Tensor) else value
+    module._absent_base = {
+        prefix + name
+        for name in module.full_state_dict(keep_vars=True)
+        if name.startswith("base_model.")
+        and name not in adapter
+        and prefix + name not in state_dict
+    }
+
+
+def _forgive_absent_base(module: PeftZooModel, incompatible_keys) -> None:
+    """``load_state_dict`` post-hook: absent base entries are not missing (``strict`` still
+    requires every adapter tensor)."""
+    absent = module.__dict__.pop("_absent_base", set())
+    missing = incompatible_keys.missing_keys
+    missing[:] = [key for key in missing if key not in absent]
+
+
+def loss_shifts_labels(model: nn.Module) -> bool:
+    """Whether ``model``'s loss predicts ``labels[t + 1]`` at ``t``, decided as Hugging Face
+    ``Trainer`` decides it when it counts ``num_items_in_batch``."""
+    try:
+        from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
+    except ImportError:  # transformers without the loss registry: no shift is counted
+        return False
+    config = getattr(model, "config", None)
+    causal = LOSS_MAPPING.get(getattr(model, "loss_type", None)) is ForCausalLMLoss
+    return causal and not getattr(config, "is_encoder_decoder", False)
+
+
+def share_of_sum(
+    mean_loss: torch.Tensor,
+    labels: torch.Tensor,
+    num_items_in_batch: int | torch.Tensor,
+    shifted: bool,
+) -> torch.Tensor:
+    """A loss that is a mean over this batch's labelled items (label -100 ignored; from
+    ``labels[..., 1:]`` when ``shifted``), turned into their summed loss divided by the whole
+    accumulated batch's ``num_items_in_batch``; 0 for a batch without labelled items."""
+    valid = (labels[..., 1:] if shifted else labels).ne(-100).sum()
+    share = mean_loss * (valid / num_items_in_batch)
+    return torch.where(valid > 0, share, torch.zeros_like(share))

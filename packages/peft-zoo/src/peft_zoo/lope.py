@@ -11,7 +11,6 @@ experts keep their router weights (no renormalisation).
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Any
 
@@ -20,7 +19,7 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from peft_zoo.arch import architecture
-from peft_zoo.base import PeftZooModel
+from peft_zoo.base import PeftZooModel, loss_shifts_labels, share_of_sum
 from peft_zoo.config import LoPEConfig
 
 STAGES = (1, 2)
@@ -127,37 +126,42 @@ class LoPEModel(PeftZooModel):
         for layer in self.lope_layers():
             layer.mask_poison = masked
 
-    @property
-    def accepts_loss_kwargs(self) -> bool:
-        """What Hugging Face ``Trainer`` infers for the base model itself: this forward is the
-        base's, so the base decides whether ``num_items_in_batch`` scales its loss."""
-        base = self.base_model
-        if hasattr(base, "accepts_loss_kwargs"):
-            return bool(base.accepts_loss_kwargs)
-        parameters = inspect.signature(base.forward).parameters.values()
-        return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+    # the forward honours ``num_items_in_batch``, so Trainer need not rescale for accumulation
+    accepts_loss_kwargs = True
 
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
     ):
         """The base model's forward with the LoPE layers in place (same arguments and output).
 
-        The parameters are named, as in ``peft``'s models, so that Hugging Face ``Trainer``
-        keeps the dataset's ``input_ids`` / ``attention_mask`` / ``labels`` columns and finds the
-        label names; everything else (``position_ids``, ``num_items_in_batch``, ...) is passed on.
+        The inputs are named, as in ``peft``'s models, so that Hugging Face ``Trainer`` keeps
+        those dataset columns and finds the label names; other keyword arguments are passed on.
+        Given ``num_items_in_batch`` (the labelled items of a whole accumulated batch, as
+        ``Trainer`` passes it), the base's mean loss becomes this batch's share of the sum,
+        whatever the base does with that argument, so accumulated micro-batches give the whole
+        batch's gradient.
         """
         named = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
-            "inputs_embeds": inputs_embeds,
             "labels": labels,
+            "inputs_embeds": inputs_embeds,
+            "token_type_ids": token_type_ids,
+            "position_ids": position_ids,
         }
-        return self.base_model(**{k: v for k, v in named.items() if v is not None}, **kwargs)
+        output = self.base_model(**{k: v for k, v in named.items() if v is not None}, **kwargs)
+        if labels is not None and num_items_in_batch is not None:
+            shifted = loss_shifts_labels(self.base_model)
+            output["loss"] = share_of_sum(output.loss, labels, num_items_in_batch, shifted)
+        return output
 
     def generate(self, *args, **kwargs):
         return self.base_model.generate(*args, **kwargs)

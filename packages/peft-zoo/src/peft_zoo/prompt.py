@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_outputs import ModelOutput
 
-from peft_zoo.base import PeftZooModel
+from peft_zoo.base import PeftZooModel, share_of_sum
 
 
 @dataclass
@@ -188,7 +188,7 @@ class PromptModel(PeftZooModel):
             output["loss"] = causal_lm_loss(output.logits, labels, num_items_in_batch)
         elif labels is not None and num_items_in_batch is not None:
             # the base model's loss is a mean over its labels: rescale it to a share of the sum
-            output["loss"] = output.loss * (labels.ne(-100).sum() / num_items_in_batch)
+            output["loss"] = share_of_sum(output.loss, labels, num_items_in_batch, shifted=False)
         return output
 
     @torch.no_grad()
