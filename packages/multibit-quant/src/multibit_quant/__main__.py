@@ -1,0 +1,271 @@
+"""Command line: ``multibit-quant train | evaluate | export | reproduce``.
+
+Bad arguments are refused with one line (``multibit-quant: error: …``, exit code 2) before any
+work starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DATASETS = ("fashion-mnist", "folder", "cifar10-bigbench")
+
+
+def _bits_list(text: str) -> tuple[int, ...]:
+    """``2,4,8``, ``2..8`` or a mix (``2..4,8``); ``32`` or ``fp`` is full precision."""
+    values: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip().lower()
+            if ".." in part:
+                low, high = (int(v) for v in part.split(".."))
+                if low > high:
+                    raise ValueError
+                values.extend(range(low, high + 1))
+            else:
+                values.append(32 if part == "fp" else int(part))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"bits must look like 2,4,8 or 2..8 (32 or fp: full precision), got {text!r}"
+        ) from None
+    bad = [b for b in values if not (2 <= b <= 8 or b == 32)]
+    if bad or not values:
+        raise argparse.ArgumentTypeError(f"bit-widths must be 2 to 8 or 32, got {text!r}")
+    return tuple(sorted(set(values)))
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"coreset fraction must be in (0, 1], got {text!r}")
+    return value
+
+
+def _writable_dir(path: str) -> Path:
+    directory = Path(path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot write to {path}: {error.strerror}") from None
+    return directory
+
+
+def _load_data(args: argparse.Namespace):
+    import numpy as np
+
+    from multibit_quant.data import cifar10_bigbench, fashion_mnist, image_folder, stratified_subset
+
+    if args.dataset == "fashion-mnist":
+        return fashion_mnist(args.train_subset, args.test_subset, path=args.data_path)
+    if args.data_path is None:
+        raise ValueError(f"--dataset {args.dataset} needs --data-path")
+    if args.dataset == "folder":
+        root = Path(args.data_path)
+        return image_folder(root / "train"), image_folder(root / "test")
+    data = cifar10_bigbench(args.data_path)  # 10,000 images: 8,000 train / 2,000 test
+    test = stratified_subset(data.labels.numpy(), 2000, seed=0)
+    train = np.setdiff1d(np.arange(len(data)), test)
+    return data.subset(train), data.subset(test)
+
+
+def _quant_config(args: argparse.Namespace):
+    from multibit_quant.layers import QuantConfig
+
+    correction = None if args.correction == "none" else args.correction
+    return QuantConfig(weight=args.weight, activation=args.activation, correction=correction)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from multibit_quant.checkpoint import save_checkpoint
+    from multibit_quant.model import quantize, switch_batchnorm
+    from multibit_quant.models import build_model
+    from multibit_quant.train import TrainConfig, evaluate, train_multibit
+
+    config = TrainConfig(
+        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, schedule=args.schedule,
+        distill=args.distill, coreset=args.coreset, coreset_score=args.score,
+        resample_every=args.resample_every, seed=args.seed,
+    )  # fmt: skip
+    quant = _quant_config(args)
+    train, test = _load_data(args)
+    kwargs = {"width": args.width} if args.model == "resnet20" else {}
+    architecture = {"name": args.model, "num_classes": len(train.classes),
+                    "in_channels": train.channels, "kwargs": kwargs}  # fmt: skip
+    network = build_model(args.model, len(train.classes), train.channels, **kwargs)
+    model = quantize(network, args.bits, quant)
+    if args.per_bit_bn:
+        switch_batchnorm(model)
+    result = train_multibit(model, train, config)
+    accuracy = evaluate(model, test, sorted(set(args.bits) | set(args.evaluate_bits or ())))
+    save_checkpoint(model, args.out, architecture)
+    report = {"accuracy": accuracy, **result.to_dict()}
+    (args.out / "train.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({"accuracy": accuracy, "seconds": round(result.seconds, 1)}, indent=2))
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    from multibit_quant.checkpoint import load_checkpoint
+    from multibit_quant.train import evaluate
+
+    model, _meta = load_checkpoint(args.checkpoint)
+    _, test = _load_data(args)
+    print(json.dumps(evaluate(model, test, args.bits), indent=2))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    import torch
+
+    from multibit_quant.checkpoint import load_checkpoint
+    from multibit_quant.export import export_integer, export_sizes, to_integer
+
+    model, meta = load_checkpoint(args.checkpoint)
+    _, test = _load_data(args)
+    images = test.images[: args.verify]
+    with torch.no_grad(), model.bits_as(args.bits):
+        fake = model(images)
+    integer = to_integer(model, args.bits)
+    with torch.no_grad():
+        start = time.perf_counter()
+        real = integer(images)
+        seconds = time.perf_counter() - start
+    export_integer(model, args.bits, args.out, {"checkpoint": meta})
+    sizes = export_sizes(model, [args.bits])[args.bits]
+    report = {
+        "file": str(args.out),
+        "bits": args.bits,
+        "predictions_equal": int((fake.argmax(1) == real.argmax(1)).sum()),
+        "of": len(images),
+        "max_logit_difference": float((fake - real).abs().max()),
+        "integer_images_per_s": len(images) / seconds,
+        **sizes,
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from multibit_quant.reproduce import run
+
+    results = run(args.out, quick=args.quick)
+    print(json.dumps({c.name: c.measured for c in results.claims}, indent=2))
+    return 0
+
+
+def _data_options(parser: argparse.ArgumentParser, subsets: bool = True) -> None:
+    parser.add_argument("--dataset", choices=DATASETS, default="fashion-mnist")
+    parser.add_argument(
+        "--data-path",
+        help="Fashion-MNIST IDX folder, ImageFolder root (train/, test/) or CIFAR-10 task.json",
+    )
+    if subsets:
+        parser.add_argument("--train-subset", type=_positive_int, help="keep N training images")
+    parser.add_argument("--test-subset", type=_positive_int, help="keep N test images")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="multibit-quant",
+        description="Multi-bit quantization networks: train, evaluate, export, reproduce.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    tr = sub.add_parser("train", help="train one multi-bit network")
+    tr.add_argument("--model", choices=("resnet20", "vit"), default="resnet20")
+    tr.add_argument("--width", type=_positive_int, default=16, help="ResNet-20 base width")
+    tr.add_argument("--bits", type=_bits_list, default=(2, 4, 8), help="trained bit-widths")
+    tr.add_argument("--evaluate-bits", type=_bits_list, help="also evaluate these (e.g. 3,5,6)")
+    tr.add_argument("--coreset", type=_fraction, help="bit-wise coreset fraction in (0, 1]")
+    tr.add_argument("--score", choices=("el2n", "grad_norm", "forgetting", "random"),
+                    default="el2n")  # fmt: skip
+    tr.add_argument("--resample-every", type=_positive_int, default=1, help="epochs")
+    tr.add_argument("--weight", choices=("dorefa", "lsq"), default="dorefa")
+    tr.add_argument("--activation", choices=("clamp", "lsq"), default="clamp")
+    tr.add_argument("--correction", choices=("mean_var", "mean", "none"), default="mean_var")
+    tr.add_argument("--per-bit-bn", action="store_true", help="one BatchNorm per bit-width")
+    tr.add_argument("--schedule", choices=("all", "round_robin", "sampled"), default="all")
+    tr.add_argument("--distill", choices=("none", "highest", "recursive"), default="none")
+    tr.add_argument("--epochs", type=_positive_int, default=3)
+    tr.add_argument("--batch-size", type=_positive_int, default=64)
+    tr.add_argument("--lr", type=_positive_float, default=3e-3)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--out", type=_writable_dir, required=True, help="checkpoint folder")
+    _data_options(tr)
+    tr.set_defaults(func=_train)
+
+    ev = sub.add_parser("evaluate", help="accuracy of a checkpoint at several bit-widths")
+    ev.add_argument("--checkpoint", required=True)
+    ev.add_argument("--bits", type=_bits_list, default=tuple(range(2, 9)), help="e.g. 2..8")
+    _data_options(ev, subsets=False)
+    ev.set_defaults(func=_evaluate, train_subset=1)
+
+    ex = sub.add_parser("export", help="packed integer weights + integer inference check")
+    ex.add_argument("--checkpoint", required=True)
+    ex.add_argument("--bits", type=int, choices=range(2, 9), default=8)
+    ex.add_argument("--out", required=True, help="the .safetensors file to write")
+    ex.add_argument("--verify", type=_positive_int, default=1000, help="test images compared")
+    _data_options(ex, subsets=False)
+    ex.set_defaults(func=_export, train_subset=1)
+
+    rp = sub.add_parser("reproduce", help="the paper's headline comparison at small scale")
+    rp.add_argument("--quick", action="store_true", help="the ~10-minute CPU run")
+    rp.add_argument("--out", type=_writable_dir, default=Path("reports/multibit-quant"))
+    rp.set_defaults(func=_reproduce)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose or args.command == "reproduce" else logging.WARNING,
+        format="%(asctime)s %(name)s: %(message)s",
+    )
+    if args.command == "export":
+        out = Path(args.out)
+        if out.suffix != ".safetensors" or not out.parent.is_dir():
+            parser.error(f"--out must be a .safetensors file in an existing folder, got {out}")
+    if getattr(args, "checkpoint", None) is not None:
+        folder = Path(args.checkpoint)
+        if not (folder / "model.safetensors").is_file() or not (folder / "config.json").is_file():
+            parser.error(f"--checkpoint {folder} is not a checkpoint (model.safetensors + "
+                         "config.json, as written by `multibit-quant train`)")  # fmt: skip
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, ImportError, NotImplementedError) as error:
+        print(f"multibit-quant: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

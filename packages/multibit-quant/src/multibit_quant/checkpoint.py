@@ -1,0 +1,66 @@
+"""Checkpoints of multi-bit models: ``model.safetensors`` (weights, LSQ steps, BatchNorm
+statistics, input signs) + ``config.json`` (how to rebuild the network), loaded without pickle."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+from multibit_quant.layers import QuantConfig
+from multibit_quant.model import MultiBitModel, SwitchBatchNorm2d, quantize, switch_batchnorm
+from multibit_quant.models import build_model
+
+WEIGHTS, CONFIG = "model.safetensors", "config.json"
+FORMAT_VERSION = 1
+
+
+def save_checkpoint(model: MultiBitModel, directory: str | Path, architecture: dict) -> Path:
+    """Write ``model`` to ``directory``; ``architecture`` holds :func:`build_model`'s arguments
+    (``name``, ``num_classes``, ``in_channels`` and any keyword arguments under ``kwargs``)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(directory / WEIGHTS))
+    per_bit_bn = any(isinstance(m, SwitchBatchNorm2d) for m in model.modules())
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "architecture": architecture,
+        "trained_bits": list(model.trained_bits),
+        "quant_config": asdict(model.config),
+        "per_bit_batchnorm": per_bit_bn,
+    }
+    (directory / CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
+    return directory
+
+
+def build_from_meta(meta: dict) -> MultiBitModel:
+    """An untrained :class:`MultiBitModel` with the layers a checkpoint's config describes."""
+    arch = meta["architecture"]
+    network = build_model(
+        arch["name"], arch["num_classes"], arch["in_channels"], **arch.get("kwargs", {})
+    )
+    model = quantize(network, meta["trained_bits"], QuantConfig(**meta["quant_config"]))
+    return switch_batchnorm(model) if meta.get("per_bit_batchnorm") else model
+
+
+def load_checkpoint(directory: str | Path) -> tuple[MultiBitModel, dict]:
+    """The model saved by :func:`save_checkpoint` and its config."""
+    directory = Path(directory)
+    for name in (WEIGHTS, CONFIG):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"no {name} in {directory}: not a multibit-quant checkpoint")
+    try:
+        meta = json.loads((directory / CONFIG).read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{directory / CONFIG} is not valid JSON: {error}") from None
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{directory / CONFIG}: format_version {meta.get('format_version')!r}; this version "
+            f"reads {FORMAT_VERSION}"
+        )
+    model = build_from_meta(meta)
+    model.load_state_dict(load_file(str(directory / WEIGHTS)))
+    return model.eval(), meta

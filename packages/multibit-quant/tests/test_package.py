@@ -1,0 +1,98 @@
+"""Package-level checks: README example, lean import, the CLI end to end and its refusals, a
+tiny reproduce run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import multibit_quant as mbq
+from kernels_common.results import ReproduceResults
+from kernels_common.testing import import_footprint, run_markdown_python
+from multibit_quant.__main__ import main
+
+README = Path(__file__).parents[1] / "README.md"
+
+
+def test_readme_example_runs():
+    run_markdown_python(README)
+
+
+def test_import_is_lean():
+    footprint = import_footprint("import torch, multibit_quant", watch=["triton", "benchdata"])
+    assert not footprint["triton"]
+    assert not footprint["benchdata"]
+    assert not footprint["cuda"]
+
+
+def test_cli_train_evaluate_export(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main([
+        "train", "--width", "4", "--bits", "2,8", "--evaluate-bits", "3", "--epochs", "1",
+        "--train-subset", "256", "--test-subset", "128", "--coreset", "0.5", "--out", str(out),
+    ])  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert set(report["accuracy"]) == {"2", "3", "8"}
+    assert (out / "model.safetensors").is_file()
+    assert (out / "train.json").is_file()
+    assert (
+        main(["evaluate", "--checkpoint", str(out), "--bits", "2..4", "--test-subset", "64"]) == 0
+    )
+    assert set(json.loads(capsys.readouterr().out)) == {"2", "3", "4"}
+    exported = tmp_path / "model8.safetensors"
+    code = main([
+        "export", "--checkpoint", str(out), "--bits", "8", "--out", str(exported),
+        "--test-subset", "64", "--verify", "64",
+    ])  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert exported.is_file()
+    assert report["predictions_equal"] == report["of"] == 64
+    assert mbq.__version__ == "0.1.0"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "--bits", "2,16", "--out", "{tmp}"], "bit-widths must be 2 to 8"),
+        (["train", "--bits", "4..2", "--out", "{tmp}"], "bits must look like"),
+        (["train", "--coreset", "1.5", "--out", "{tmp}"], "coreset fraction"),
+        (["train", "--epochs", "-5", "--out", "{tmp}"], "positive integer"),
+        (["train", "--lr", "nan", "--out", "{tmp}"], "positive finite number"),
+        (["train", "--out", "/proc/forbidden"], "cannot write"),
+        (["evaluate", "--checkpoint", "{tmp}"], "is not a checkpoint"),
+        (["export", "--checkpoint", "{tmp}", "--out", "{tmp}/x.bin"], ".safetensors file"),
+    ],
+)
+def test_cli_refuses_bad_input_with_one_line(argv, message, tmp_path, capsys):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert message in error[-1], error
+
+
+def test_cli_reports_library_errors_as_one_line(tmp_path, capsys):
+    code = main(["train", "--dataset", "folder", "--out", str(tmp_path)])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (
+        "multibit-quant: error: --dataset folder needs --data-path"
+    )
+
+
+def test_tiny_reproduce_writes_valid_results(tmp_path):
+    from multibit_quant.reproduce import ReproduceSettings, run
+
+    settings = ReproduceSettings(
+        train_images=200, test_images=100, width=4, epochs=1, alignment_batch=64
+    )
+    results = run(tmp_path, settings=settings)
+    loaded = ReproduceResults.load(tmp_path)
+    assert [c.name for c in loaded.claims] == [c.name for c in results.claims]
+    assert (tmp_path / "summary.md").is_file()
+    assert all((tmp_path / figure).is_file() for figure in loaded.figures)
+    assert len(loaded.settings["schemes"]) == 6  # the five schemes, coresets at two rates
