@@ -66,6 +66,10 @@ def test_top_selection_is_the_highest_scores():
     assert select(scores, 0.5, "top").tolist() == [1, 3, 4]
     assert select(scores, 1.0, "top").tolist() == list(range(6))
     assert len(select(scores, 0.01, "top")) == 1  # ceil: never empty
+    # ties are broken at random, not by position
+    ties = {tuple(select(torch.zeros(10), 0.3, "top", torch.Generator().manual_seed(s)).tolist())
+            for s in range(20)}  # fmt: skip
+    assert len(ties) > 10
 
 
 def test_sampled_selection_draws_in_proportion_to_the_scores():

@@ -53,6 +53,11 @@ def test_image_folder(tmp_path):
             )
     (tmp_path / "dog" / "notes.txt").write_text("not an image")
     data = image_folder(tmp_path)
+    mean, std = (torch.tensor(v) for v in data.normalization)
+    raw = (data.images * std[None, :, None, None] + mean[None, :, None, None]) * 255
+    assert torch.allclose(raw, raw.round(), atol=1e-3)  # undoes to the stored uint8 pixels
+    again = image_folder(tmp_path, normalization=([0.5] * 3, [0.25] * 3))
+    torch.testing.assert_close(again.images, (raw / 255 - 0.5) / 0.25, rtol=1e-5, atol=1e-5)
     assert data.images.shape == (6, 3, 6, 6)
     assert data.classes == ("cat", "dog")
     assert data.labels.tolist() == [0, 0, 0, 1, 1, 1]
@@ -72,9 +77,23 @@ def test_cifar10_bigbench_format(tmp_path):
         examples.append({"input": base64.b64encode(_png(pixels)).decode(), "target_scores": scores})
     path = tmp_path / "task.json"
     path.write_text(json.dumps({"name": "cifar10_classification", "examples": examples}))
-    data = cifar10_bigbench(path)
-    assert data.images.shape == (4, 3, 32, 32)
-    assert data.labels.tolist() == [2, 0, 1, 2]
-    assert data.classes == tuple(classes)
+    train, test = cifar10_bigbench(path, test_images=2)
+    assert train.images.shape == (2, 3, 32, 32)
+    assert test.images.shape == (2, 3, 32, 32)
+    assert sorted(train.labels.tolist() + test.labels.tolist()) == [0, 1, 2, 2]
+    assert train.classes == tuple(classes)
+    assert test.normalization == train.normalization  # the test images use the training stats
     with pytest.raises(FileNotFoundError, match="bigbench"):
         cifar10_bigbench(tmp_path / "missing.json")
+    (tmp_path / "other.json").write_text(json.dumps({"examples": [{"input": "x"}]}))
+    with pytest.raises(ValueError, match="not bigbench's CIFAR-10 task"):
+        cifar10_bigbench(tmp_path / "other.json")
+
+
+def test_test_split_is_standardised_with_the_training_statistics():
+    train, test = fashion_mnist(limit_train=300, limit_test=100)
+    assert test.normalization == train.normalization
+    again, _ = fashion_mnist(limit_train=50, limit_test=10, normalization=train.normalization)
+    assert again.normalization == train.normalization
+    with pytest.raises(ValueError, match="channel"):
+        fashion_mnist(limit_train=10, limit_test=10, normalization=([0.1, 0.2], [1.0, 1.0]))

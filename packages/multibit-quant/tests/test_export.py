@@ -130,3 +130,38 @@ def test_export_errors(tmp_path):
         to_integer(model, 12)
     with pytest.raises(FileNotFoundError, match="no exported model"):
         load_integer(tmp_path / "missing.safetensors", model)
+
+
+def test_load_integer_leaves_the_given_model_alone_and_checks_the_file(tmp_path):
+    """A ViT (signed inputs) with LSQ quantizers round-trips; the architecture model passed in
+    keeps its state; a file exported with other quantizers is refused."""
+    config = QuantConfig(weight="lsq", activation="lsq")
+    model = quantize(small_vit(dim=16, depth=1, heads=2), bits=[2, 8], config=config)
+    x = torch.randn(6, 1, 28, 28)
+    model.train()
+    model(x)
+    model.eval()
+    path = export_integer(model, 4, tmp_path / "vit.safetensors")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    loaded = load_integer(path, model)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), to_integer(model, 4)(x), rtol=0, atol=0)
+    other = quantize(small_vit(dim=16, depth=1, heads=2), bits=[2, 8])
+    with pytest.raises(ValueError, match="exported with quantizers"):
+        load_integer(path, other)
+    (tmp_path / "plain.safetensors").write_bytes(path.read_bytes()[:40])
+    with pytest.raises(ValueError, match=r"not a readable safetensors file|no multibit-quant"):
+        load_integer(tmp_path / "plain.safetensors", model)
+
+
+def test_padded_int8_matmul_equals_the_plain_one():
+    """The zero padding CUDA's int8 kernel needs (M > 16, K and N multiples of 8) adds nothing."""
+    from multibit_quant.export import int8_matmul
+
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randint(-128, 128, (5, 13), generator=generator, dtype=torch.int8)
+    b = torch.randint(-128, 128, (13, 3), generator=generator, dtype=torch.int8)
+    expected = a.long() @ b.long()
+    assert torch.equal(int8_matmul(a, b, pad=True).long(), expected)
+    assert torch.equal(int8_matmul(a, b, pad=False).long(), expected)

@@ -101,6 +101,44 @@ def test_activation_kernel(shape, method, signed, bits, triton_backend):
     )
 
 
+@pytest.mark.parametrize("spread", [1e-3, 1e-5])
+def test_dorefa_kernel_on_small_weights(spread, triton_backend):
+    """Weights of std 1e-3 to 1e-5 (tanh(w) ≈ w): the kernel's tanh keeps its relative accuracy
+    there (an exp-based tanh cancels and moves codes)."""
+    device = device_for_backend(triton_backend)
+    generator = torch.Generator().manual_seed(7)
+    weight = dorefa_weight_away_from_boundaries(16, 200, 8, generator)
+    weight = (weight / weight.abs().amax(1, keepdim=True) * spread * 3).to(device)
+    codes = {}
+    for backend in ("reference", triton_backend):
+        out = fake_quant_weight(weight, 8, "dorefa", None, None, backend=backend).cpu()
+        scale = weight.cpu().abs().mean(1, keepdim=True)
+        codes[str(backend)] = torch.round((out / scale + 1) / 2 * 255)
+    assert torch.equal(*codes.values())
+
+
+def test_dorefa_kernel_saturated_rows_tie_at_the_peak(triton_backend):
+    """Weights from 10 up, where tanh is exactly 1 in float32 for both: every such element is a
+    tied peak and shares the peak's gradient equally."""
+    device = device_for_backend(triton_backend)
+    weight = torch.tensor([[12.0, -10.5, 0.3, -0.2, 11.0], [0.5, -0.25, 0.1, 0.05, 0.4]])
+    assert_kernel_matches(
+        lambda weight: fake_quant_weight_reference(weight, 4, "dorefa", None, "mean_var"),
+        lambda weight: fake_quant_weight(
+            weight, 4, "dorefa", None, "mean_var", backend=triton_backend
+        ),
+        {"weight": weight.to(device).requires_grad_(True)},
+        tolerances=TOLERANCE,
+    )
+
+
+def test_float64_runs_the_reference_only(triton_backend):
+    weight = torch.randn(3, 9, dtype=torch.float64)
+    assert fake_quant_weight(weight, 4).dtype == torch.float64  # automatic: the reference
+    with pytest.raises(TypeError, match="float64 inputs run on the reference backend only"):
+        fake_quant_weight(weight, 4, backend=triton_backend)
+
+
 def test_half_precision_inputs(triton_backend):
     """float16 weights: the kernel computes in float32 and stores float16, like the reference."""
     device = device_for_backend(triton_backend)

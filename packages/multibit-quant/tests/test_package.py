@@ -38,10 +38,15 @@ def test_cli_train_evaluate_export(tmp_path, capsys):
     assert set(report["accuracy"]) == {"2", "3", "8"}
     assert (out / "model.safetensors").is_file()
     assert (out / "train.json").is_file()
-    assert (
-        main(["evaluate", "--checkpoint", str(out), "--bits", "2..4", "--test-subset", "64"]) == 0
-    )
+    # evaluate on the same test images: the inputs are scaled as in training, so equal numbers
+    evaluate = ["evaluate", "--checkpoint", str(out), "--bits", "2,3,8", "--test-subset", "128"]
+    assert main(evaluate) == 0
+    assert json.loads(capsys.readouterr().out) == report["accuracy"]
+    assert main([*evaluate[:4], "2..4", "--test-subset", "64"]) == 0
     assert set(json.loads(capsys.readouterr().out)) == {"2", "3", "4"}
+    # a second run into the same folder is refused, before any training
+    assert main(["train", "--epochs", "1", "--train-subset", "64", "--out", str(out)]) == 2
+    assert "already holds a checkpoint; pass --overwrite" in capsys.readouterr().err
     exported = tmp_path / "model8.safetensors"
     code = main([
         "export", "--checkpoint", str(out), "--bits", "8", "--out", str(exported),
@@ -76,12 +81,37 @@ def test_cli_refuses_bad_input_with_one_line(argv, message, tmp_path, capsys):
     assert message in error[-1], error
 
 
-def test_cli_reports_library_errors_as_one_line(tmp_path, capsys):
-    code = main(["train", "--dataset", "folder", "--out", str(tmp_path)])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--dataset", "folder"], "--dataset folder needs --data-path"),
+        (["--model", "vit", "--width", "4"], "--width sizes the ResNet-20"),
+        (["--dim", "8"], "--dim sizes the ViT"),
+        (["--bits", "32", "--evaluate-bits", "4", "--weight", "lsq"], "--bits must include"),
+    ],
+)
+def test_cli_reports_bad_combinations_as_one_line_and_writes_nothing(
+    argv, message, tmp_path, capsys
+):
+    out = tmp_path / "new"
+    code = main(["train", *argv, "--train-subset", "32", "--test-subset", "16", "--out", str(out)])
     assert code == 2
-    assert capsys.readouterr().err.strip() == (
-        "multibit-quant: error: --dataset folder needs --data-path"
-    )
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("multibit-quant: error: ")
+    assert message in error
+    assert "\n" not in error
+    assert not out.exists()  # nothing created on a refusal
+
+
+def test_cli_trains_a_vit_sized_to_the_images(tmp_path, capsys):
+    code = main([
+        "train", "--model", "vit", "--dim", "16", "--bits", "4", "--epochs", "1",
+        "--train-subset", "64", "--test-subset", "32", "--out", str(tmp_path / "vit"),
+    ])  # fmt: skip
+    assert code == 0
+    config = json.loads((tmp_path / "vit" / "config.json").read_text())
+    assert config["architecture"]["kwargs"] == {"image_size": 28, "patch": 7, "dim": 16}
+    assert config["normalization"] is not None
 
 
 def test_tiny_reproduce_writes_valid_results(tmp_path):

@@ -176,9 +176,22 @@ def test_bad_weight_arguments(kwargs, error, message):
         fake_quant_weight(torch.randn(4, 3), **kwargs)
 
 
+def test_straight_through_helpers_keep_values_exact():
+    """``round`` and the gradient-scale identity give their forward values exactly (an
+    ``x·s + (x − x·s)`` form is an ulp off for about 1% of steps)."""
+    from multibit_quant.reference import scale_gradient, ste_round
+
+    x = torch.rand(100_000, generator=torch.Generator().manual_seed(0)) * 0.1 + 1e-4
+    assert torch.equal(scale_gradient(x, 0.0123), x)
+    y = torch.randn(100_000, generator=torch.Generator().manual_seed(1)) * 40
+    assert torch.equal(ste_round(y), torch.round(y))
+
+
 def test_bad_inputs():
-    with pytest.raises(ValueError, match=r"weight must be \(C, K\)"):
+    with pytest.raises(ValueError, match=r"weight must be a non-empty \(C, K\)"):
         fake_quant_weight(torch.randn(4, 3, 3), 4)
+    with pytest.raises(ValueError, match="non-empty"):
+        fake_quant_weight(torch.randn(4, 0), 4)
     with pytest.raises(TypeError, match="float32, float64, float16 or bfloat16"):
         fake_quant_weight(torch.ones(4, 3, dtype=torch.int32), 4)
     with pytest.raises(TypeError, match=r"must be a torch\.Tensor"):

@@ -144,3 +144,26 @@ def test_bad_data():
         ImageData(torch.zeros(0, 1, 4, 4), torch.zeros(0, dtype=torch.long), ("a",))
     with pytest.raises(ValueError, match=r"\(N, C, H, W\)"):
         ImageData(torch.zeros(3, 4, 4), torch.zeros(3, dtype=torch.long), ("a",))
+
+
+def test_teacher_passes_leave_the_batchnorm_statistics_alone():
+    from multibit_quant.train import _running_stats_kept
+
+    model = quantize(net(), bits=[2, 8])
+    model.train()
+    norm = model.model[1]
+    before = (norm.running_mean.clone(), norm.running_var.clone(), int(norm.num_batches_tracked))
+    with torch.no_grad(), _running_stats_kept(model):
+        model(blobs(16).images)
+    after = (norm.running_mean, norm.running_var, int(norm.num_batches_tracked))
+    assert torch.equal(before[0], after[0])
+    assert torch.equal(before[1], after[1])
+    assert before[2] == after[2]
+
+
+def test_forgetting_scores_come_from_training_presentations():
+    data = blobs(48)
+    model = quantize(net(), bits=[2, 8])
+    config = TrainConfig(epochs=3, batch_size=16, coreset=0.5, coreset_score="forgetting")
+    result = train_multibit(model, data, config, progress=False)
+    assert result.scored_examples == 0  # no scoring pass: the training steps' predictions

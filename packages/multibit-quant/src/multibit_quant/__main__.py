@@ -11,7 +11,6 @@ import json
 import logging
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 DATASETS = ("fashion-mnist", "folder", "cifar10-bigbench")
@@ -67,33 +66,53 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _writable_dir(path: str) -> Path:
+def _output_dir(path: str) -> Path:
+    """A folder that exists and is writable, or can be created (checked, not created yet)."""
     directory = Path(path)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=directory):
+    if directory.exists() and not directory.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} exists and is not a folder")
+    ancestor = directory
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    try:  # a real write (permissions alone say little to root): a temporary file, removed
+        with tempfile.TemporaryFile(dir=ancestor):
             pass
     except OSError as error:
-        raise argparse.ArgumentTypeError(f"cannot write to {path}: {error.strerror}") from None
+        raise argparse.ArgumentTypeError(
+            f"cannot write to {path}: {ancestor} refuses files ({error.strerror})"
+        ) from None
     return directory
 
 
-def _load_data(args: argparse.Namespace):
-    import numpy as np
-
-    from multibit_quant.data import cifar10_bigbench, fashion_mnist, image_folder, stratified_subset
+def _load_data(args: argparse.Namespace, normalization=None):
+    """``(train, test)``; given a checkpoint's ``normalization``, scaled as in its training."""
+    from multibit_quant.data import cifar10_bigbench, fashion_mnist, image_folder
 
     if args.dataset == "fashion-mnist":
-        return fashion_mnist(args.train_subset, args.test_subset, path=args.data_path)
+        return fashion_mnist(
+            args.train_subset, args.test_subset, path=args.data_path, normalization=normalization
+        )
     if args.data_path is None:
         raise ValueError(f"--dataset {args.dataset} needs --data-path")
     if args.dataset == "folder":
         root = Path(args.data_path)
-        return image_folder(root / "train"), image_folder(root / "test")
-    data = cifar10_bigbench(args.data_path)  # 10,000 images: 8,000 train / 2,000 test
-    test = stratified_subset(data.labels.numpy(), 2000, seed=0)
-    train = np.setdiff1d(np.arange(len(data)), test)
-    return data.subset(train), data.subset(test)
+        train = image_folder(root / "train", normalization=normalization)
+        return train, image_folder(root / "test", normalization=train.normalization)
+    return cifar10_bigbench(args.data_path, normalization=normalization)  # 8,000 / 2,000
+
+
+def _checkpoint_data(args: argparse.Namespace, meta: dict):
+    """The test split, standardised with the statistics the checkpoint was trained with."""
+    normalization = meta.get("normalization")
+    if normalization is None:
+        logging.getLogger(__name__).warning(
+            "%s records no input normalization: the test images use their own statistics",
+            args.checkpoint,
+        )
+    _, test = _load_data(args, normalization)
+    if args.test_subset is not None and args.dataset != "fashion-mnist":
+        test = test.subset(range(min(args.test_subset, len(test))))
+    return test
 
 
 def _quant_config(args: argparse.Namespace):
@@ -103,29 +122,51 @@ def _quant_config(args: argparse.Namespace):
     return QuantConfig(weight=args.weight, activation=args.activation, correction=correction)
 
 
+def _architecture(args: argparse.Namespace, train) -> dict:
+    height = train.images.shape[-1]
+    if args.model == "resnet20":
+        if args.dim is not None:
+            raise ValueError("--dim sizes the ViT; the ResNet-20's width is --width")
+        kwargs = {"width": args.width or 16}
+    else:
+        if args.width is not None:
+            raise ValueError("--width sizes the ResNet-20; the ViT's width is --dim")
+        patch = args.patch or next((p for p in (7, 4, 8, 2) if height % p == 0), 1)
+        kwargs = {"image_size": height, "patch": patch, "dim": args.dim or 64}
+    return {"name": args.model, "num_classes": len(train.classes),
+            "in_channels": train.channels, "kwargs": kwargs}  # fmt: skip
+
+
 def _train(args: argparse.Namespace) -> int:
-    from multibit_quant.checkpoint import save_checkpoint
+    from multibit_quant.checkpoint import WEIGHTS, save_checkpoint
     from multibit_quant.model import quantize, switch_batchnorm
     from multibit_quant.models import build_model
     from multibit_quant.train import TrainConfig, evaluate, train_multibit
 
+    if (args.out / WEIGHTS).exists() and not args.overwrite:
+        raise ValueError(f"{args.out} already holds a checkpoint; pass --overwrite to replace it")
     config = TrainConfig(
         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, schedule=args.schedule,
         distill=args.distill, coreset=args.coreset, coreset_score=args.score,
         resample_every=args.resample_every, seed=args.seed,
     )  # fmt: skip
     quant = _quant_config(args)
+    evaluate_bits = sorted(set(args.bits) | set(args.evaluate_bits or ()))
+    lsq = "lsq" in (quant.weight, quant.activation)
+    if lsq and all(b == 32 for b in args.bits) and any(b != 32 for b in evaluate_bits):
+        raise ValueError("LSQ derives an untrained bit-width's steps from a trained one: "
+                         "--bits must include a bit-width from 2 to 8")  # fmt: skip
     train, test = _load_data(args)
-    kwargs = {"width": args.width} if args.model == "resnet20" else {}
-    architecture = {"name": args.model, "num_classes": len(train.classes),
-                    "in_channels": train.channels, "kwargs": kwargs}  # fmt: skip
-    network = build_model(args.model, len(train.classes), train.channels, **kwargs)
+    architecture = _architecture(args, train)
+    network = build_model(architecture["name"], architecture["num_classes"],
+                          architecture["in_channels"], **architecture["kwargs"])  # fmt: skip
     model = quantize(network, args.bits, quant)
     if args.per_bit_bn:
         switch_batchnorm(model)
     result = train_multibit(model, train, config)
-    accuracy = evaluate(model, test, sorted(set(args.bits) | set(args.evaluate_bits or ())))
-    save_checkpoint(model, args.out, architecture)
+    accuracy = evaluate(model, test, evaluate_bits)
+    args.out.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(model, args.out, architecture, train.normalization)
     report = {"accuracy": accuracy, **result.to_dict()}
     (args.out / "train.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({"accuracy": accuracy, "seconds": round(result.seconds, 1)}, indent=2))
@@ -136,8 +177,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     from multibit_quant.checkpoint import load_checkpoint
     from multibit_quant.train import evaluate
 
-    model, _meta = load_checkpoint(args.checkpoint)
-    _, test = _load_data(args)
+    model, meta = load_checkpoint(args.checkpoint)
+    test = _checkpoint_data(args, meta)
     print(json.dumps(evaluate(model, test, args.bits), indent=2))
     return 0
 
@@ -145,19 +186,19 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     import torch
 
+    from kernels_common import measure
     from multibit_quant.checkpoint import load_checkpoint
     from multibit_quant.export import export_integer, export_sizes, to_integer
 
     model, meta = load_checkpoint(args.checkpoint)
-    _, test = _load_data(args)
+    test = _checkpoint_data(args, meta)
     images = test.images[: args.verify]
     with torch.no_grad(), model.bits_as(args.bits):
         fake = model(images)
     integer = to_integer(model, args.bits)
     with torch.no_grad():
-        start = time.perf_counter()
         real = integer(images)
-        seconds = time.perf_counter() - start
+        seconds = measure(lambda: integer(images), warmup=1, repeat=3, memory=False).median_s
     export_integer(model, args.bits, args.out, {"checkpoint": meta})
     sizes = export_sizes(model, [args.bits])[args.bits]
     report = {
@@ -202,7 +243,10 @@ def _parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("train", help="train one multi-bit network")
     tr.add_argument("--model", choices=("resnet20", "vit"), default="resnet20")
-    tr.add_argument("--width", type=_positive_int, default=16, help="ResNet-20 base width")
+    tr.add_argument("--width", type=_positive_int, help="ResNet-20 base width (default 16)")
+    tr.add_argument("--dim", type=_positive_int, help="ViT embedding width (default 64)")
+    tr.add_argument("--patch", type=_positive_int, help="ViT patch size (default: 7, 4, 8 or 2, "
+                    "the first that divides the image)")  # fmt: skip
     tr.add_argument("--bits", type=_bits_list, default=(2, 4, 8), help="trained bit-widths")
     tr.add_argument("--evaluate-bits", type=_bits_list, help="also evaluate these (e.g. 3,5,6)")
     tr.add_argument("--coreset", type=_fraction, help="bit-wise coreset fraction in (0, 1]")
@@ -219,7 +263,8 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--batch-size", type=_positive_int, default=64)
     tr.add_argument("--lr", type=_positive_float, default=3e-3)
     tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--out", type=_writable_dir, required=True, help="checkpoint folder")
+    tr.add_argument("--out", type=_output_dir, required=True, help="checkpoint folder")
+    tr.add_argument("--overwrite", action="store_true", help="replace a checkpoint in --out")
     _data_options(tr)
     tr.set_defaults(func=_train)
 
@@ -227,7 +272,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--checkpoint", required=True)
     ev.add_argument("--bits", type=_bits_list, default=tuple(range(2, 9)), help="e.g. 2..8")
     _data_options(ev, subsets=False)
-    ev.set_defaults(func=_evaluate, train_subset=1)
+    ev.set_defaults(func=_evaluate, train_subset=1)  # only the test split is used
 
     ex = sub.add_parser("export", help="packed integer weights + integer inference check")
     ex.add_argument("--checkpoint", required=True)
@@ -235,11 +280,11 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", required=True, help="the .safetensors file to write")
     ex.add_argument("--verify", type=_positive_int, default=1000, help="test images compared")
     _data_options(ex, subsets=False)
-    ex.set_defaults(func=_export, train_subset=1)
+    ex.set_defaults(func=_export, train_subset=1)  # only the test split is used
 
     rp = sub.add_parser("reproduce", help="the paper's headline comparison at small scale")
     rp.add_argument("--quick", action="store_true", help="the ~10-minute CPU run")
-    rp.add_argument("--out", type=_writable_dir, default=Path("reports/multibit-quant"))
+    rp.add_argument("--out", type=_output_dir, default=Path("reports/multibit-quant"))
     rp.set_defaults(func=_reproduce)
     return parser
 

@@ -10,16 +10,28 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from multibit_quant.layers import QuantConfig
-from multibit_quant.model import MultiBitModel, SwitchBatchNorm2d, quantize, switch_batchnorm
+from multibit_quant.model import (
+    MultiBitModel,
+    SwitchBatchNorm2d,
+    quantize_layers,
+    switch_batchnorm,
+)
 from multibit_quant.models import build_model
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 FORMAT_VERSION = 1
 
 
-def save_checkpoint(model: MultiBitModel, directory: str | Path, architecture: dict) -> Path:
+def save_checkpoint(
+    model: MultiBitModel,
+    directory: str | Path,
+    architecture: dict,
+    normalization: tuple[list[float], list[float]] | None = None,
+) -> Path:
     """Write ``model`` to ``directory``; ``architecture`` holds :func:`build_model`'s arguments
-    (``name``, ``num_classes``, ``in_channels`` and any keyword arguments under ``kwargs``)."""
+    (``name``, ``num_classes``, ``in_channels`` and any keyword arguments under ``kwargs``), and
+    ``normalization`` the per-channel pixel mean and std the model was trained with (data
+    loaders take it back, so evaluation sees inputs scaled as in training)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
@@ -30,7 +42,9 @@ def save_checkpoint(model: MultiBitModel, directory: str | Path, architecture: d
         "architecture": architecture,
         "trained_bits": list(model.trained_bits),
         "quant_config": asdict(model.config),
+        "quantized_layers": model.quantized_names,
         "per_bit_batchnorm": per_bit_bn,
+        "normalization": None if normalization is None else [list(v) for v in normalization],
     }
     (directory / CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
     return directory
@@ -42,8 +56,14 @@ def build_from_meta(meta: dict) -> MultiBitModel:
     network = build_model(
         arch["name"], arch["num_classes"], arch["in_channels"], **arch.get("kwargs", {})
     )
-    model = quantize(network, meta["trained_bits"], QuantConfig(**meta["quant_config"]))
+    model = quantize_layers(
+        network, meta["trained_bits"], QuantConfig(**meta["quant_config"]),
+        meta["quantized_layers"],
+    )  # fmt: skip
     return switch_batchnorm(model) if meta.get("per_bit_batchnorm") else model
+
+
+_REQUIRED = ("architecture", "trained_bits", "quant_config", "quantized_layers")
 
 
 def load_checkpoint(directory: str | Path) -> tuple[MultiBitModel, dict]:
@@ -61,6 +81,23 @@ def load_checkpoint(directory: str | Path) -> tuple[MultiBitModel, dict]:
             f"{directory / CONFIG}: format_version {meta.get('format_version')!r}; this version "
             f"reads {FORMAT_VERSION}"
         )
-    model = build_from_meta(meta)
-    model.load_state_dict(load_file(str(directory / WEIGHTS)))
+    missing = [key for key in _REQUIRED if key not in meta]
+    if missing:
+        raise ValueError(f"{directory / CONFIG} lacks {missing}: not written by save_checkpoint")
+    try:
+        model = build_from_meta(meta)
+    except (KeyError, TypeError, AttributeError, ValueError) as error:
+        raise ValueError(f"{directory / CONFIG} describes no buildable model: {error}") from None
+    try:
+        state = load_file(str(directory / WEIGHTS))
+    except Exception as error:  # safetensors raises its own error type for damaged files
+        raise ValueError(
+            f"{directory / WEIGHTS} is not a readable safetensors file: {error}"
+        ) from None
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as error:
+        raise ValueError(
+            f"{directory / WEIGHTS} does not match {directory / CONFIG}: {error}"
+        ) from None
     return model.eval(), meta

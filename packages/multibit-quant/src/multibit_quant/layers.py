@@ -14,6 +14,7 @@ works as is.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -26,11 +27,13 @@ from multibit_quant.reference import (
     CORRECTIONS,
     FP_BITS,
     WEIGHT_METHODS,
+    lsq_grad_scale,
     lsq_init_step,
     lsq_range,
 )
 
 _UNKNOWN, _UNSIGNED, _SIGNED = -1, 0, 1
+_MIN_STEP = 1e-8
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ class QuantConfig:
 
 def check_bit_setting(bits: object) -> int:
     """A bit-width a layer can run at: 2 to 8, or 32 (full precision)."""
-    if bits == FP_BITS and not isinstance(bits, bool):
+    if isinstance(bits, numbers.Integral) and not isinstance(bits, bool) and bits == FP_BITS:
         return FP_BITS
     return check_bits(bits, "bits (or 32 for full precision)")
 
@@ -112,11 +115,17 @@ class QuantLayer(nn.Module):
         return tuple(b for b in self.trained_bits if b != FP_BITS)
 
     def _step(self, steps: nn.ParameterDict, bits: int, signed: bool) -> torch.Tensor:
+        """The LSQ step at ``bits``, kept positive (an optimizer step may push it below 0)."""
         if str(bits) in steps:
-            return steps[str(bits)]
+            return steps[str(bits)].clamp_min(_MIN_STEP)
+        if not self.quantized_bits:
+            raise ValueError(
+                f"LSQ has no trained bit-width to derive the {bits}-bit step from: this layer "
+                "was only trained in full precision"
+            )
         nearest = nearest_bits(bits, self.quantized_bits)
         ratio = lsq_range(nearest, signed)[1] / lsq_range(bits, signed)[1]
-        return steps[str(nearest)].detach() * ratio
+        return steps[str(nearest)].detach().clamp_min(_MIN_STEP) * ratio
 
     def _signed_input(self, x: torch.Tensor) -> bool:
         # cached on the Python side: reading the buffer would synchronise a GPU every forward
@@ -140,14 +149,19 @@ class QuantLayer(nn.Module):
         if self.bits == FP_BITS or not self.config.quantize_activations:
             return x
         signed = self._signed_input(x)
-        step = None
+        step = grad_scale = None
         if self.config.activation == "lsq":
             if not self._act_ready:
                 self._init_act_steps(x, signed)
             step = self._step(self.act_steps, self.bits, signed)
+            # LSQ's N_F: the features of one example (a batch-independent scale)
+            grad_scale = lsq_grad_scale(
+                x[0].numel() if x.dim() > 1 else x.numel(), self.bits, signed
+            )
         return fake_quant_activation(
-            x, self.bits, self.config.activation, step, signed, backend=self.config.backend
-        )
+            x, self.bits, self.config.activation, step, signed, grad_scale,
+            backend=self.config.backend,
+        )  # fmt: skip
 
     def quantized_weight(self, bits: int | None = None) -> torch.Tensor:
         """The weight as the layer uses it at ``bits`` (default: the current bit-width)."""
@@ -170,11 +184,13 @@ class QuantLayer(nn.Module):
         """Wrap ``layer`` (an ``nn.Conv2d`` for :class:`QuantConv2d`, an ``nn.Linear`` for
         :class:`QuantLinear`): the new layer holds the same weight and bias parameters."""
         wrapped = cls.__new__(cls)
-        nn.Module.__init__(wrapped)
-        wrapped.__dict__.update({k: v for k, v in layer.__dict__.items() if k != "_modules"})
+        nn.Module.__init__(wrapped)  # its own, empty hook tables
+        fresh = set(wrapped.__dict__)
+        wrapped.__dict__.update({k: v for k, v in layer.__dict__.items() if k not in fresh})
         wrapped._parameters = dict(layer._parameters)
         wrapped._buffers = dict(layer._buffers)
-        wrapped._modules = {}
+        wrapped._non_persistent_buffers_set = set(layer._non_persistent_buffers_set)
+        wrapped.training = layer.training
         wrapped._setup(trained_bits, config)
         return wrapped
 

@@ -76,6 +76,11 @@ class MultiBitModel(nn.Module):
     def quant_layers(self) -> list[QuantLayer]:
         return [m for m in self.model.modules() if isinstance(m, QuantLayer)]
 
+    @property
+    def quantized_names(self) -> list[str]:
+        """Qualified names of the quantized layers (what ``quantize`` chose)."""
+        return [name for name, m in self.model.named_modules() if isinstance(m, QuantLayer)]
+
     def set_bits(self, bits: int) -> MultiBitModel:
         """Run every quantized layer (and switchable BatchNorm) at ``bits``: 2–8, or 32."""
         bits = check_bit_setting(bits)
@@ -149,14 +154,25 @@ def quantize(
         skip.add(candidates[0][0])
     if candidates and keep_last:
         skip.add(candidates[-1][0])
-    targets = [(name, module) for name, module in candidates if name not in skip]
+    targets = [name for name, _ in candidates if name not in skip]
     if not targets:
         raise ValueError(
             f"{type(model).__name__} has no Conv2d/Linear layer left to quantize "
             f"(found {len(candidates)}; the first and last stay in full precision unless "
             "keep_first/keep_last are False)"
         )
-    for name, module in targets:
+    return quantize_layers(model, trained, config, targets)
+
+
+def quantize_layers(
+    model: nn.Module, bits: Iterable[int], config: QuantConfig, names: Iterable[str]
+) -> MultiBitModel:
+    """:func:`quantize` with the layers to quantize named explicitly (rebuilding a checkpoint)."""
+    trained = _check_trained_bits(bits)
+    for name in names:
+        module = model.get_submodule(name)
+        if type(module) not in (nn.Conv2d, nn.Linear):
+            raise ValueError(f"{name!r} is a {type(module).__name__}, not a Conv2d/Linear layer")
         wrapper = QuantConv2d if isinstance(module, nn.Conv2d) else QuantLinear
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from kernels_common import Backend, KernelOp
@@ -16,7 +18,6 @@ from multibit_quant.reference import (
     fake_quant_weight_reference,
 )
 
-# float64 runs the reference in float64 (the Triton kernels compute in float32)
 FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 fake_quant_weight_op = KernelOp(
@@ -33,12 +34,25 @@ fake_quant_activation_op = KernelOp(
 
 def check_bits(bits: object, what: str = "bits") -> int:
     """``bits`` as an int in the quantized range, or a clear error."""
-    if isinstance(bits, bool) or not isinstance(bits, int) or not MIN_BITS <= bits <= MAX_BITS:
+    integral = isinstance(bits, numbers.Integral) and not isinstance(bits, bool)
+    if not integral or not MIN_BITS <= bits <= MAX_BITS:
         raise ValueError(
             f"{what} must be an integer from {MIN_BITS} to {MAX_BITS} (32 = full precision is "
             f"handled by the layers, not the quantizer), got {bits!r}"
         )
-    return bits
+    return int(bits)
+
+
+def _float64_backend(tensor: torch.Tensor, backend: str | Backend | None):
+    """float64 inputs run the reference, in float64 (the kernels compute in float32)."""
+    if tensor.dtype != torch.float64:
+        return backend
+    if backend is None or str(getattr(backend, "value", backend)).lower() in ("auto", "reference"):
+        return Backend.REFERENCE
+    raise TypeError(
+        f"float64 inputs run on the reference backend only (the Triton kernels compute in "
+        f"float32); got backend={backend!r}"
+    )
 
 
 def _check_float(name: str, tensor: object) -> torch.Tensor:
@@ -72,11 +86,13 @@ def fake_quant_weight(
 
     Args:
         weight: ``(C, K)``, one row per output channel (reshape a conv weight to
-            ``(C_out, -1)``); float32, float16 or bfloat16.
+            ``(C_out, -1)``); float32, float16 or bfloat16 (computed in float32), or float64
+            (the reference, in float64).
         bits: 2 to 8.
         method: ``"dorefa"`` (tanh-normalised, ``2^bits`` symmetric levels) or ``"lsq"``
             (learned step ``step (C,)``, codes ``[−2^{b−1}, 2^{b−1} − 1]``).
-        step: LSQ's per-channel steps (positive), differentiable; ``None`` for DoReFa.
+        step: LSQ's per-channel steps (positive; the layers keep them so), differentiable;
+            ``None`` for DoReFa.
         correction: ``"mean_var"`` (realign each channel's mean and std to the full-precision
             channel), ``"mean"``, or ``None``.
         grad_scale: LSQ's step-gradient scale (default ``1/sqrt(K·Q_p)``).
@@ -93,8 +109,8 @@ def fake_quant_weight(
         True
     """
     weight = _check_float("weight", weight)
-    if weight.dim() != 2:
-        raise ValueError(f"weight must be (C, K), got shape {tuple(weight.shape)}")
+    if weight.dim() != 2 or weight.numel() == 0:
+        raise ValueError(f"weight must be a non-empty (C, K), got shape {tuple(weight.shape)}")
     check_bits(bits)
     if method not in WEIGHT_METHODS:
         raise ValueError(f"unknown weight method {method!r}; choose one of {WEIGHT_METHODS}")
@@ -104,6 +120,7 @@ def fake_quant_weight(
         step = _check_step(step, (weight.shape[0],), weight.device)
     elif step is not None:
         raise ValueError("step is only used by method='lsq'")
+    backend = _float64_backend(weight, backend)
     return fake_quant_weight_op(weight, bits, method, step, correction, grad_scale, backend=backend)
 
 
@@ -142,4 +159,5 @@ def fake_quant_activation(
         step = _check_step(step, (1,), x.device)
     elif step is not None:
         raise ValueError("step is only used by method='lsq'")
+    backend = _float64_backend(x, backend)
     return fake_quant_activation_op(x, bits, method, step, signed, grad_scale, backend=backend)

@@ -42,14 +42,15 @@ def compute_dtype(tensor: torch.Tensor) -> torch.dtype:
 
 
 def ste_round(x: torch.Tensor) -> torch.Tensor:
-    """``round(x)`` in the forward (half to even), the identity in the backward."""
-    return x + (torch.round(x) - x).detach()
+    """``round(x)`` in the forward (half to even, exactly), the identity in the backward."""
+    return torch.round(x).detach() + (x - x.detach())
 
 
 def scale_gradient(x: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
-    """``x`` in the forward; its gradient multiplied by ``scale`` in the backward (LSQ)."""
+    """``x`` in the forward (exactly: ``x·s + (x − x·s)`` can be an ulp off); its gradient
+    multiplied by ``scale`` in the backward (LSQ)."""
     scaled = x * scale
-    return scaled + (x - scaled).detach()
+    return x.detach() + (scaled - scaled.detach())
 
 
 def lsq_range(bits: int, signed: bool = True) -> tuple[int, int]:
@@ -153,7 +154,8 @@ def fake_quant_activation_reference(
     grad_scale: float | None = None,
 ) -> torch.Tensor:
     """Fake-quantized activation (see the module docstring); differentiable in ``x`` and, for
-    LSQ, in the scalar ``step (1,)``. ``grad_scale`` defaults to ``1/sqrt(numel·Q_p)``."""
+    LSQ, in the scalar ``step (1,)``. ``grad_scale`` defaults to ``1/sqrt(numel·Q_p)`` (the
+    layers pass LSQ's ``1/sqrt(N_F·Q_p)`` with ``N_F`` the features of one example)."""
     v = x.to(compute_dtype(x))
     if method == "clamp":
         low, levels = (-1.0, 2 ** (bits - 1) - 1) if signed else (0.0, 2**bits - 1)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from kernels_common import measure
 from kernels_common.results import Claim, ReproduceResults
 from multibit_quant.alignment import gradient_alignment
 from multibit_quant.data import fashion_mnist
@@ -191,10 +192,19 @@ def _run(out: Path, quick: bool, settings: ReproduceSettings) -> ReproduceResult
             paper_value=PAPER_ANGLE,
         ),
         Claim(
-            "integer inference",
+            "integer inference, float64",
             "8-bit export with integer matrix products computes the fake-quantized model "
             "(beyond the paper; float64, so that float rounding moves no activation code)",
             integer["agreement_float64"],
+            "fraction of test predictions",
+            "at_least",
+            1.0,
+        ),
+        Claim(
+            "integer inference, float32",
+            "the deployed 8-bit integer model predicts what the fake-quantized model predicts "
+            "(beyond the paper)",
+            integer["agreement_float32"],
             "fraction of test predictions",
             "at_least",
             1.0,
@@ -229,16 +239,17 @@ def _run(out: Path, quick: bool, settings: ReproduceSettings) -> ReproduceResult
 
 def _integer_check(model, test) -> dict:
     """8-bit integer inference against fake quantization, in float32 (deployment: an activation
-    within float rounding of a code boundary may land one level over) and in float64."""
+    within float rounding of a code boundary may land one level over) and in float64; times are
+    medians of 3 calls after a warm-up."""
     report = {"images": len(test)}
     with torch.no_grad(), model.bits_as(8):
-        fake = model(test.images)
         integer = to_integer(model, 8)
-        start = time.perf_counter()
-        real = integer(test.images)
-        report["integer_vs_fake_quant_time"] = (time.perf_counter() - start) / _seconds(
-            lambda: model(test.images)
-        )
+        fake, real = model(test.images), integer(test.images)
+        times = [
+            measure(lambda f=f: f(test.images), warmup=1, repeat=3, memory=False).median_s
+            for f in (integer, model)
+        ]
+        report["integer_vs_fake_quant_time"] = times[0] / times[1]
         report["agreement_float32"] = (fake.argmax(1) == real.argmax(1)).double().mean().item()
         report["max_logit_difference_float32"] = float((fake - real).abs().max())
         report["accuracy"] = float((real.argmax(1) == test.labels).double().mean())
@@ -248,12 +259,6 @@ def _integer_check(model, test) -> dict:
         report["agreement_float64"] = (fake64.argmax(1) == real64.argmax(1)).double().mean().item()
         report["max_logit_difference_float64"] = float((fake64 - real64).abs().max())
     return report
-
-
-def _seconds(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def _plot_accuracy(acc: dict, out: Path) -> str:

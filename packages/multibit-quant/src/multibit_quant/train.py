@@ -20,6 +20,7 @@ each bit-width's subset, so a fraction ``f`` costs ``f`` of a full epoch plus th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -179,9 +180,8 @@ def train_multibit(
     for epoch in range(config.epochs):
         if coreset is not None and coreset.due(epoch):
             start = time.perf_counter()
-            coreset.refresh(model, data.images, data.labels)
+            result.scored_examples += coreset.refresh(model, data.images, data.labels)
             result.scoring_seconds += time.perf_counter() - start
-            result.scored_examples += size * len(bits)
         model.train()
         start = time.perf_counter()
         # without coresets an "all" step trains every bit-width on one batch (Any-Precision)
@@ -217,6 +217,8 @@ def train_multibit(
                 x, y = x.to(device), data.labels[index].to(device)
                 model.set_bits(b)
                 logits = model(x)
+                if coreset is not None and coreset.score == "forgetting":  # per presentation
+                    coreset.observe(b, index, logits.detach().argmax(1).cpu() == data.labels[index])
                 loss = _distill_loss(model, logits, x, y, b, bits, config.distill, outputs,
                                      same_batch, result)  # fmt: skip
                 loss.backward()
@@ -248,10 +250,30 @@ def _distill_loss(model, logits, x, y, b, bits, distill, outputs, same_batch, re
     if same_batch and teacher_bits in outputs:  # computed this step on this very batch
         teacher = outputs[teacher_bits]
     else:
-        with torch.no_grad(), model.bits_as(teacher_bits):
+        # train mode, as the teacher's own training forward would be, without adding one more
+        # update of the (shared) BatchNorm running statistics
+        with torch.no_grad(), model.bits_as(teacher_bits), _running_stats_kept(model):
             teacher = model(x)
         result.teacher_examples += len(x)
     return _soft_cross_entropy(logits, teacher.float().softmax(-1))
+
+
+@contextlib.contextmanager
+def _running_stats_kept(model: torch.nn.Module):
+    """BatchNorm running statistics unchanged inside (momentum 0, batch statistics still used):
+    no in-place write that a pending backward pass would object to."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    saved = [(m.momentum, None if m.num_batches_tracked is None else m.num_batches_tracked.clone())
+             for m in norms]  # fmt: skip
+    for module in norms:
+        module.momentum = 0.0
+    try:
+        yield
+    finally:
+        for module, (momentum, tracked) in zip(norms, saved, strict=True):
+            module.momentum = momentum
+            if tracked is not None:  # not read by the backward pass: safe to restore in place
+                module.num_batches_tracked.copy_(tracked)
 
 
 @torch.no_grad()
