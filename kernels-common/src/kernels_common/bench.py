@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from kernels_common.cli import atomic_file
 from kernels_common.memory import PeakMemory, peak_memory
 from kernels_common.results import encode_float
 from kernels_common.testing import Tolerance, compare_tensors, flatten_tensors, rebuild_sequence
@@ -205,10 +206,13 @@ class Comparison:
     def save(self, directory: str | Path, name: str) -> tuple[Path, Path]:
         """Write ``<name>.json`` and ``<name>.md`` into ``directory``; return both paths."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         json_path, md_path = directory / f"{name}.json", directory / f"{name}.md"
-        json_path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
-        md_path.write_text(self.to_markdown())
+        for path, text in (
+            (json_path, json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n"),
+            (md_path, self.to_markdown()),
+        ):
+            with atomic_file(path) as temporary:  # whole tables or none
+                temporary.write_text(text)
         return json_path, md_path
 
     def __str__(self) -> str:

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kernels_common.cli import atomic_file
+
 _MISSING = "matplotlib is needed for plots: pip install 'kernels-common[report]'"
 
 
@@ -29,8 +31,8 @@ def save_figure(figure: Any, path: str | Path, *, dpi: int = 120) -> Path:
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ValueError(f"figures are saved as PNG, got {path.name!r}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=dpi)
+    with atomic_file(path) as temporary:  # a failed save leaves no truncated PNG
+        figure.savefig(temporary, dpi=dpi)
     return path
 
 

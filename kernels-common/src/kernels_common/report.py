@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernels_common.cli import atomic_file
 from kernels_common.results import RESULTS_FILE, ReproduceResults
 
 INDEX_FILE = "index.md"
@@ -63,7 +64,8 @@ def write_summary(results: ReproduceResults, directory: str | Path, extra: str =
     text = render_results(results)
     if extra.strip():
         text = text.rstrip() + "\n\n" + extra.strip()
-    path.write_text(text.rstrip() + "\n")
+    with atomic_file(path) as temporary:
+        temporary.write_text(text.rstrip() + "\n")
     return path
 
 
@@ -129,5 +131,6 @@ def write_index(
             "",
         ]
     index = reports_dir / INDEX_FILE
-    index.write_text("\n".join(lines + sections).rstrip() + "\n")
+    with atomic_file(index) as temporary:
+        temporary.write_text("\n".join(lines + sections).rstrip() + "\n")
     return IndexSummary(index, tuple(found), tuple(malformed), tuple(missing))

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from kernels_common.cli import atomic_file
+
 SCHEMA_VERSION = 1
 RESULTS_FILE = "results.json"
 
@@ -202,7 +204,9 @@ class ReproduceResults:
                 f"figures listed in the results do not exist in {directory}: {missing}"
             )
         path = directory / RESULTS_FILE
-        path.write_text(json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n")
+        text = json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n"
+        with atomic_file(path) as temporary:  # a reader never sees half a results file
+            temporary.write_text(text)
         return path
 
     @classmethod

@@ -71,3 +71,15 @@ def test_cli_info_lists_every_source(capsys):
             assert f"{source} " in out
     with pytest.raises(SystemExit):
         main(["prepare", "gpt5"])
+
+
+def test_cli_names_a_cache_that_is_a_file(tmp_path, monkeypatch, capsys):
+    # BENCHDATA_CACHE points at a file: one line naming the variable, not a FileExistsError
+    cache = tmp_path / "cache"
+    cache.write_text("not a folder")
+    monkeypatch.setenv(benchdata.CACHE_ENV, str(cache))
+    assert main(["info"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"benchdata: error: the benchdata cache ${benchdata.CACHE_ENV}={cache}")
+    assert "Traceback" not in err

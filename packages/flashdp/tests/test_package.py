@@ -32,6 +32,30 @@ def test_cli_help():
     assert flashdp.__version__ == "0.1.0"
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["bench", "--device", "cuda"], "no usable CUDA"),  # this torch build has no CUDA
+        (["bench", "--device", "tpu"], "'tpu'"),  # not a device flashdp knows
+        (["reproduce", "--out", "results.json"], "results.json"),  # the folder is a file
+    ],
+)
+def test_cli_refuses_bad_arguments_in_one_line(argv, named, tmp_path, capsys, monkeypatch):
+    from flashdp.__main__ import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU-only build
+    (tmp_path / "results.json").write_text("{}")
+    argv = [str(tmp_path / a) if a == "results.json" else a for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"flashdp {argv[0]}: error: argument")
+    assert named in err
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
 def test_poisson_sampling_rate():
     """Each example is drawn with probability q, independently: over 200 batches of N = 500 at
     q = 0.05 the inclusion count of an example is Binomial(200, 0.05) (mean 10, sd 3.1); the mean

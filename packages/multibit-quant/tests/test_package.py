@@ -64,12 +64,12 @@ def test_cli_train_evaluate_export(tmp_path, capsys):
     [
         (["train", "--bits", "2,16", "--out", "{tmp}"], "bit-widths must be 2 to 8"),
         (["train", "--bits", "4..2", "--out", "{tmp}"], "bits must look like"),
-        (["train", "--coreset", "1.5", "--out", "{tmp}"], "coreset fraction"),
+        (["train", "--coreset", "1.5", "--out", "{tmp}"], "fraction in (0, 1], got '1.5'"),
         (["train", "--epochs", "-5", "--out", "{tmp}"], "positive integer"),
-        (["train", "--lr", "nan", "--out", "{tmp}"], "positive finite number"),
+        (["train", "--lr", "nan", "--out", "{tmp}"], "finite number, got 'nan'"),
         (["train", "--out", "/proc/forbidden"], "cannot write"),
         (["evaluate", "--checkpoint", "{tmp}"], "is not a checkpoint"),
-        (["export", "--checkpoint", "{tmp}", "--out", "{tmp}/x.bin"], ".safetensors file"),
+        (["export", "--out", "{tmp}/x.bin", "--checkpoint", "{tmp}"], ".safetensors file"),
     ],
 )
 def test_cli_refuses_bad_input_with_one_line(argv, message, tmp_path, capsys):
@@ -78,7 +78,30 @@ def test_cli_refuses_bad_input_with_one_line(argv, message, tmp_path, capsys):
         main(argv)
     assert exit_info.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()
-    assert message in error[-1], error
+    assert len(error) == 1, error  # one line, no usage block
+    assert error[0].startswith("multibit-quant ")
+    assert message in error[0], error
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"config.json": '{"format_version": 1, ', "model.safetensors": b"x"}, "truncated"),
+        ({"config.json": "[1, 2]", "model.safetensors": b"x"}, "not a JSON object"),
+        ({"config.json": '{"format_version": 7}', "model.safetensors": b"x"}, "format_version 7"),
+    ],
+)
+def test_cli_names_a_corrupt_checkpoint(files, message, tmp_path, capsys):
+    # a damaged checkpoint folder: the error names the file and what is wrong with it
+    for name, content in files.items():
+        path = tmp_path / name
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    assert main(["evaluate", "--checkpoint", str(tmp_path)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"multibit-quant: error: {tmp_path / 'config.json'}")
+    assert message in error
+    assert "\n" not in error
 
 
 @pytest.mark.parametrize(

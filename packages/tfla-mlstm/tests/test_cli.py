@@ -36,3 +36,25 @@ def test_bench_writes_a_table_with_ratios_against_the_peer(tmp_path, capsys):
 def test_readme_example_runs(capsys):
     run_markdown_python(README)
     assert "max |chunkwise - parallel|" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["bench", "--device", "nosuch"], "'nosuch'"),  # not a torch device at all
+        (["bench", "--seq-lens", "-64"], "'-64'"),  # a sequence length must be positive
+        (["bench", "--repeat", "0"], "'0'"),  # zero repeats measure nothing
+        (["bench", "--out", "table.md"], "table.md"),  # the folder for the tables is a file
+    ],
+)
+def test_bad_arguments_are_refused_in_one_line_before_any_work(argv, named, tmp_path, capsys):
+    (tmp_path / "table.md").write_text("a file")
+    argv = [str(tmp_path / a) if a == "table.md" else a for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("tfla-mlstm bench: error: argument")
+    assert named in err
+    assert [p.name for p in tmp_path.iterdir()] == ["table.md"]  # nothing written

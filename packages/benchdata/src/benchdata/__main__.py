@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 import benchdata
+from kernels_common import cli
 
 # one cheap probe per source: it raises when the data is missing
 PROBES: dict[str, Callable[[], object]] = {
@@ -45,12 +46,15 @@ def info() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="benchdata", description=__doc__)
+    parser = cli.ArgumentParser(prog="benchdata", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("info", help="list the data sources and whether each is installed")
     prepare = commands.add_parser("prepare", help="convert a model into the cache once")
     prepare.add_argument("model", choices=["smollm2"])
-    args = parser.parse_args(argv)
+    return cli.run(parser, _dispatch, argv)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.command == "info":
         return info()

@@ -78,7 +78,14 @@ def cache_dir(*parts: str) -> Path:
         xdg = os.environ.get("XDG_CACHE_HOME")
         base = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "benchdata"
     path = base.joinpath(*parts)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        where = f"${CACHE_ENV}={root}" if root else str(base)
+        raise NotADirectoryError(
+            f"the benchdata cache {where} is not a usable folder: {path} or a folder above it "
+            "is a file"
+        ) from None
     return path
 
 

@@ -6,18 +6,27 @@ import argparse
 import logging
 import sys
 
+from kernels_common import cli
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="flashdp", description=__doc__)
+    parser = cli.ArgumentParser(prog="flashdp", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     reproduce = commands.add_parser("reproduce", help="DP GPT on fortunes at ε = 8 vs Opacus")
     reproduce.add_argument("--quick", action="store_true", help="the few-minute CPU run")
-    reproduce.add_argument("--out", default="reports/flashdp", help="results folder")
+    reproduce.add_argument(
+        "--out", type=cli.output_folder, default="reports/flashdp", help="results folder"
+    )
     bench = commands.add_parser("bench", help="step time and memory vs non-DP and Opacus")
-    bench.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    bench.add_argument("--out", default=None, help="folder for bench_flashdp.json/.md")
+    bench.add_argument("--device", type=cli.device, default="cpu", choices=["cpu", "cuda"])
+    bench.add_argument(
+        "--out", type=cli.output_folder, default=None, help="folder for bench_flashdp.json/.md"
+    )
     bench.add_argument("--quick", action="store_true", help="a smaller model")
-    args = parser.parse_args(argv)
+    return cli.run(parser, _dispatch, argv)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     if args.command == "reproduce":

@@ -10,8 +10,9 @@ import argparse
 import json
 import logging
 import sys
-import tempfile
 from pathlib import Path
+
+from kernels_common import cli
 
 DATASETS = ("fashion-mnist", "folder", "cifar10-bigbench")
 
@@ -39,49 +40,22 @@ def _bits_list(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = _positive_float(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"coreset fraction must be in (0, 1], got {text!r}")
-    return value
-
-
-def _output_dir(path: str) -> Path:
-    """A folder that exists and is writable, or can be created (checked, not created yet)."""
-    directory = Path(path)
-    if directory.exists() and not directory.is_dir():
-        raise argparse.ArgumentTypeError(f"{path} exists and is not a folder")
-    ancestor = directory
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    try:  # a real write (permissions alone say little to root): a temporary file, removed
-        with tempfile.TemporaryFile(dir=ancestor):
-            pass
-    except OSError as error:
+def _checkpoint(text: str) -> Path:
+    """A folder written by ``multibit-quant train`` (its contents are checked when loaded)."""
+    folder = cli.existing_folder(text)
+    missing = [n for n in ("model.safetensors", "config.json") if not (folder / n).is_file()]
+    if missing:
         raise argparse.ArgumentTypeError(
-            f"cannot write to {path}: {ancestor} refuses files ({error.strerror})"
-        ) from None
-    return directory
+            f"{folder} is not a checkpoint: no {' or '.join(missing)} (as written by "
+            "`multibit-quant train`)"
+        )
+    return folder
+
+
+def _export_file(text: str) -> Path:
+    if not text.endswith(".safetensors"):
+        raise argparse.ArgumentTypeError(f"expected a .safetensors file name, got {text!r}")
+    return cli.output_file(text)
 
 
 def _load_data(args: argparse.Namespace, normalization=None):
@@ -229,12 +203,12 @@ def _data_options(parser: argparse.ArgumentParser, subsets: bool = True) -> None
         help="Fashion-MNIST IDX folder, ImageFolder root (train/, test/) or CIFAR-10 task.json",
     )
     if subsets:
-        parser.add_argument("--train-subset", type=_positive_int, help="keep N training images")
-    parser.add_argument("--test-subset", type=_positive_int, help="keep N test images")
+        parser.add_argument("--train-subset", type=cli.positive_int, help="keep N training images")
+    parser.add_argument("--test-subset", type=cli.positive_int, help="keep N test images")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         prog="multibit-quant",
         description="Multi-bit quantization networks: train, evaluate, export, reproduce.",
     )
@@ -243,73 +217,65 @@ def _parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("train", help="train one multi-bit network")
     tr.add_argument("--model", choices=("resnet20", "vit"), default="resnet20")
-    tr.add_argument("--width", type=_positive_int, help="ResNet-20 base width (default 16)")
-    tr.add_argument("--dim", type=_positive_int, help="ViT embedding width (default 64)")
-    tr.add_argument("--patch", type=_positive_int, help="ViT patch size (default: 7, 4, 8 or 2, "
+    tr.add_argument("--width", type=cli.positive_int, help="ResNet-20 base width (default 16)")
+    tr.add_argument("--dim", type=cli.positive_int, help="ViT embedding width (default 64)")
+    tr.add_argument("--patch", type=cli.positive_int, help="ViT patch size (default: 7, 4, 8 or 2, "
                     "the first that divides the image)")  # fmt: skip
     tr.add_argument("--bits", type=_bits_list, default=(2, 4, 8), help="trained bit-widths")
     tr.add_argument("--evaluate-bits", type=_bits_list, help="also evaluate these (e.g. 3,5,6)")
-    tr.add_argument("--coreset", type=_fraction, help="bit-wise coreset fraction in (0, 1]")
+    tr.add_argument("--coreset", type=cli.fraction, help="bit-wise coreset fraction in (0, 1]")
     tr.add_argument("--score", choices=("el2n", "grad_norm", "forgetting", "random"),
                     default="el2n")  # fmt: skip
-    tr.add_argument("--resample-every", type=_positive_int, default=1, help="epochs")
+    tr.add_argument("--resample-every", type=cli.positive_int, default=1, help="epochs")
     tr.add_argument("--weight", choices=("dorefa", "lsq"), default="dorefa")
     tr.add_argument("--activation", choices=("clamp", "lsq"), default="clamp")
     tr.add_argument("--correction", choices=("mean_var", "mean", "none"), default="mean_var")
     tr.add_argument("--per-bit-bn", action="store_true", help="one BatchNorm per bit-width")
     tr.add_argument("--schedule", choices=("all", "round_robin", "sampled"), default="all")
     tr.add_argument("--distill", choices=("none", "highest", "recursive"), default="none")
-    tr.add_argument("--epochs", type=_positive_int, default=3)
-    tr.add_argument("--batch-size", type=_positive_int, default=64)
-    tr.add_argument("--lr", type=_positive_float, default=3e-3)
+    tr.add_argument("--epochs", type=cli.positive_int, default=3)
+    tr.add_argument("--batch-size", type=cli.positive_int, default=64)
+    tr.add_argument("--lr", type=cli.positive_float, default=3e-3)
     tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--out", type=_output_dir, required=True, help="checkpoint folder")
+    tr.add_argument("--out", type=cli.output_folder, required=True, help="checkpoint folder")
     tr.add_argument("--overwrite", action="store_true", help="replace a checkpoint in --out")
     _data_options(tr)
     tr.set_defaults(func=_train)
 
     ev = sub.add_parser("evaluate", help="accuracy of a checkpoint at several bit-widths")
-    ev.add_argument("--checkpoint", required=True)
+    ev.add_argument("--checkpoint", type=_checkpoint, required=True)
     ev.add_argument("--bits", type=_bits_list, default=tuple(range(2, 9)), help="e.g. 2..8")
     _data_options(ev, subsets=False)
     ev.set_defaults(func=_evaluate, train_subset=1)  # only the test split is used
 
     ex = sub.add_parser("export", help="packed integer weights + integer inference check")
-    ex.add_argument("--checkpoint", required=True)
+    ex.add_argument("--checkpoint", type=_checkpoint, required=True)
     ex.add_argument("--bits", type=int, choices=range(2, 9), default=8)
-    ex.add_argument("--out", required=True, help="the .safetensors file to write")
-    ex.add_argument("--verify", type=_positive_int, default=1000, help="test images compared")
+    ex.add_argument("--out", type=_export_file, required=True, help="the .safetensors to write")
+    ex.add_argument("--verify", type=cli.positive_int, default=1000, help="test images compared")
     _data_options(ex, subsets=False)
     ex.set_defaults(func=_export, train_subset=1)  # only the test split is used
 
     rp = sub.add_parser("reproduce", help="the paper's headline comparison at small scale")
     rp.add_argument("--quick", action="store_true", help="the ~10-minute CPU run")
-    rp.add_argument("--out", type=_output_dir, default=Path("reports/multibit-quant"))
+    rp.add_argument("--out", type=cli.output_folder, default=Path("reports/multibit-quant"))
     rp.set_defaults(func=_reproduce)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+def _dispatch(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose or args.command == "reproduce" else logging.WARNING,
         format="%(asctime)s %(name)s: %(message)s",
     )
-    if args.command == "export":
-        out = Path(args.out)
-        if out.suffix != ".safetensors" or not out.parent.is_dir():
-            parser.error(f"--out must be a .safetensors file in an existing folder, got {out}")
-    if getattr(args, "checkpoint", None) is not None:
-        folder = Path(args.checkpoint)
-        if not (folder / "model.safetensors").is_file() or not (folder / "config.json").is_file():
-            parser.error(f"--checkpoint {folder} is not a checkpoint (model.safetensors + "
-                         "config.json, as written by `multibit-quant train`)")  # fmt: skip
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, ImportError, NotImplementedError) as error:
-        print(f"multibit-quant: error: {error}", file=sys.stderr)
-        return 2
+    except (ImportError, NotImplementedError) as error:  # a missing extra, an unsupported mix
+        raise cli.CommandError(str(error)) from error
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(_parser(), _dispatch, argv)
 
 
 if __name__ == "__main__":

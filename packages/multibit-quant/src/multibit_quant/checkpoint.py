@@ -7,8 +7,9 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
+from kernels_common.cli import atomic_folder, read_json, read_safetensors
 from multibit_quant.layers import QuantConfig
 from multibit_quant.model import (
     MultiBitModel,
@@ -32,10 +33,7 @@ def save_checkpoint(
     (``name``, ``num_classes``, ``in_channels`` and any keyword arguments under ``kwargs``), and
     ``normalization`` the per-channel pixel mean and std the model was trained with (data
     loaders take it back, so evaluation sees inputs scaled as in training)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(directory / WEIGHTS))
     per_bit_bn = any(isinstance(m, SwitchBatchNorm2d) for m in model.modules())
     meta = {
         "format_version": FORMAT_VERSION,
@@ -46,7 +44,10 @@ def save_checkpoint(
         "per_bit_batchnorm": per_bit_bn,
         "normalization": None if normalization is None else [list(v) for v in normalization],
     }
-    (directory / CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
+    directory = Path(directory)
+    with atomic_folder(directory) as staging:  # both files appear together, or neither
+        save_file(state, str(staging / WEIGHTS))
+        (staging / CONFIG).write_text(json.dumps(meta, indent=2) + "\n")
     return directory
 
 
@@ -72,10 +73,9 @@ def load_checkpoint(directory: str | Path) -> tuple[MultiBitModel, dict]:
     for name in (WEIGHTS, CONFIG):
         if not (directory / name).is_file():
             raise FileNotFoundError(f"no {name} in {directory}: not a multibit-quant checkpoint")
-    try:
-        meta = json.loads((directory / CONFIG).read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{directory / CONFIG} is not valid JSON: {error}") from None
+    meta = read_json(directory / CONFIG, "multibit-quant checkpoint config")
+    if not isinstance(meta, dict):
+        raise ValueError(f"{directory / CONFIG} holds no checkpoint config (not a JSON object)")
     if meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(
             f"{directory / CONFIG}: format_version {meta.get('format_version')!r}; this version "
@@ -88,12 +88,7 @@ def load_checkpoint(directory: str | Path) -> tuple[MultiBitModel, dict]:
         model = build_from_meta(meta)
     except (KeyError, TypeError, AttributeError, ValueError) as error:
         raise ValueError(f"{directory / CONFIG} describes no buildable model: {error}") from None
-    try:
-        state = load_file(str(directory / WEIGHTS))
-    except Exception as error:  # safetensors raises its own error type for damaged files
-        raise ValueError(
-            f"{directory / WEIGHTS} is not a readable safetensors file: {error}"
-        ) from None
+    state = read_safetensors(directory / WEIGHTS, "multibit-quant checkpoint")
     try:
         model.load_state_dict(state)
     except RuntimeError as error:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from kernels_common.cli import atomic_file
 from multibit_quant.layers import QuantConv2d, QuantLayer, QuantLinear
 from multibit_quant.model import MultiBitModel, SwitchBatchNorm2d
 from multibit_quant.ops import check_bits
@@ -240,7 +241,8 @@ def export_integer(model: MultiBitModel, bits: int, path: str | Path, meta: dict
         "layers": layers,
         "quant_config": quant,
     }
-    save_file(tensors, str(path), metadata={"multibit_quant": json.dumps(header)})
+    with atomic_file(path) as temporary:  # no half-written export under the final name
+        save_file(tensors, str(temporary), metadata={"multibit_quant": json.dumps(header)})
     return Path(path)
 
 
