@@ -9,30 +9,91 @@ import sys
 import time
 from pathlib import Path
 
+from kernels_common import cli
+
+_DATASETS = ("fashion-mnist", "mnist-5k", "digits")
+_BACKENDS = ("auto", "reference", "triton", "interpreter")
+_MAX_SEED = 2**40  # the batch and noise seeds (seed * 1_000_003 + epoch) must fit torch's range
+
 
 def _layers(text: str) -> tuple[int, ...]:
-    """``8000x4`` (width x depth) or ``8000,8000,4000``."""
+    """``8000x4`` (width x depth) or ``8000,8000,4000``, every width >= 1."""
     try:
         if "x" in text:
             width, depth = text.split("x")
-            return (int(width),) * int(depth)
-        return tuple(int(s) for s in text.split(","))
+            sizes = (int(width),) * int(depth)
+        else:
+            sizes = tuple(int(s) for s in text.split(","))
     except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(
-            f"layers must look like 8000x4 or 8000,8000,4000, got {text!r}"
-        ) from None
+            f"layers must look like 8000x4 or 8000,8000,4000 (positive widths, at least one "
+            f"layer), got {text!r}"
+        )
+    return sizes
+
+
+def _seed(text: str) -> int:
+    value = cli.nonnegative_int(text)
+    if value >= _MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected a seed below 2**40, got {text!r}")
+    return value
+
+
+def _backend(text: str) -> str:
+    """A logic-layer backend name that can run here: training runs on the CPU."""
+    if text.strip().lower() not in _BACKENDS:
+        raise argparse.ArgumentTypeError(
+            f"unknown backend {text!r} (choose from {', '.join(_BACKENDS)})"
+        )
+    import torch
+
+    from kernels_common.backend import BackendUnavailableError, resolve_backend
+
+    try:
+        resolve_backend(text, [torch.empty(0)])
+    except (ValueError, BackendUnavailableError) as error:
+        raise argparse.ArgumentTypeError(f"backend {text!r}: {error}") from None
+    return text
+
+
+def _checkpoint(text: str) -> Path:
+    """A folder written by ``train`` whose two files are whole and from the same step."""
+    path = cli.existing_folder(text)
+    from dlgn_gumbel.train import check_checkpoint
+
+    try:
+        check_checkpoint(path)
+    except (OSError, ValueError) as error:
+        raise argparse.ArgumentTypeError(cli.describe(error)) from None
+    return path
+
+
+def _check_widths(in_bits: int, layer_sizes: tuple[int, ...], connections: str) -> None:
+    """``--connections unique`` needs each layer to read every one of its inputs."""
+    if connections != "unique":
+        return
+    width = in_bits
+    for i, size in enumerate(layer_sizes):
+        if 2 * size < width:
+            raise cli.CommandError(
+                f"--connections unique needs every layer at least half as wide as its input; "
+                f"layer {i + 1} has {size} neurons for {width} inputs (use wider --layers or "
+                "--connections random)"
+            )
+        width = size
 
 
 def _train(args: argparse.Namespace) -> int:
     import torch
 
     from dlgn_gumbel.compiled import compile_logic_net
-    from dlgn_gumbel.data import load_images
-    from dlgn_gumbel.train import TrainConfig, train
+    from dlgn_gumbel.data import DATASET_SHAPES, load_images
+    from dlgn_gumbel.train import TrainConfig, check_checkpoint, check_resumable, train
+    from kernels_common.backend import resolve_backend
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    data = load_images(args.dataset).subset(args.train_subset, args.test_subset, seed=args.seed)
+    # every check that needs no data first: a bad invocation is refused before any work
     config = TrainConfig(
         layer_sizes=args.layers,
         num_thresholds=args.thresholds,
@@ -48,6 +109,23 @@ def _train(args: argparse.Namespace) -> int:
         eval_every=args.eval_every,
         seed=args.seed,
     )
+    pixels, num_classes = DATASET_SHAPES[args.dataset]
+    try:  # e.g. the last width must split into the classes
+        config.net_config(pixels, num_classes)
+    except ValueError as error:
+        raise cli.CommandError(f"--layers {','.join(map(str, args.layers))}: {error}") from None
+    _check_widths(pixels * config.num_thresholds, config.layer_sizes, config.connections)
+    resolve_backend(args.backend, [torch.empty(0)])  # $KERNELS_COMMON_BACKEND when not given
+    if args.resume:
+        try:
+            meta = check_checkpoint(args.out)
+        except (OSError, ValueError) as error:
+            raise cli.CommandError(f"--resume: {cli.describe(error)}") from None
+        check_resumable(meta, config, args.out)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    data = load_images(args.dataset).subset(args.train_subset, args.test_subset, seed=args.seed)
     result = train(
         config,
         data.x_train,
@@ -72,16 +150,29 @@ def _train(args: argparse.Namespace) -> int:
 
 def _compile(args: argparse.Namespace) -> int:
     from dlgn_gumbel.compiled import compile_logic_net
-    from dlgn_gumbel.data import load_images
+    from dlgn_gumbel.data import DATASET_SHAPES, load_images
     from dlgn_gumbel.layers import ThermometerEncoder
-    from dlgn_gumbel.train import load_checkpoint
+    from dlgn_gumbel.train import check_checkpoint, load_checkpoint
 
+    # --checkpoint was checked by the parser; refuse what else can be known before any work
+    meta = check_checkpoint(args.checkpoint)
+    if args.engine == "c":
+        from dlgn_gumbel.cbuild import load_evaluator
+
+        load_evaluator()  # no compiler: CompilerUnavailableError, reported by _dispatch
+    if args.dataset:
+        expected = DATASET_SHAPES[args.dataset][0] * meta["config"]["num_thresholds"]
+        if meta["net_config"]["in_dim"] != expected:
+            raise cli.CommandError(
+                f"{args.checkpoint} was trained on {meta['net_config']['in_dim']} input bits, "
+                f"but --dataset {args.dataset} gives {expected}"
+            )
     net, config = load_checkpoint(args.checkpoint)
     compiled = compile_logic_net(net, engine=args.engine)
+    data = load_images(args.dataset) if args.dataset else None  # before anything is written
     compiled.save(args.out)
     print(f"{compiled.num_gates} gates ({compiled.engine} engine) saved to {args.out}")
-    if args.dataset:
-        data = load_images(args.dataset)
+    if data is not None:
         bits = ThermometerEncoder.uniform(config.num_thresholds)(data.x_test) > 0.5
         start = time.perf_counter()
         predictions = compiled.predict(bits)
@@ -102,41 +193,62 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dispatch(args: argparse.Namespace) -> int:
+    from dlgn_gumbel.cbuild import CompilerUnavailableError
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    try:
+        return args.func(args)
+    except CompilerUnavailableError as error:  # a RuntimeError, but the user's to fix
+        hint = "" if "numpy" in str(error) else " (or use --engine numpy)"
+        raise cli.CommandError(f"{error}{hint}") from error
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = cli.ArgumentParser(
         prog="dlgn-gumbel", description="Gumbel logic gate networks: train, compile, reproduce."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True)
 
     tr = sub.add_parser("train", help="train a logic gate network on an image dataset")
-    tr.add_argument("--dataset", choices=("fashion-mnist", "mnist-5k", "digits"), required=True)
-    tr.add_argument("--out", required=True, help="checkpoint folder")
+    tr.add_argument("--dataset", choices=_DATASETS, required=True)
+    tr.add_argument("--out", type=cli.output_folder, required=True, help="checkpoint folder")
     tr.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
     tr.add_argument("--relaxation", choices=("gumbel", "softmax"), default="gumbel")
     tr.add_argument("--layers", type=_layers, default=(8000,) * 4, help="e.g. 8000x4")
-    tr.add_argument("--thresholds", type=int, default=3, help="thermometer thresholds per pixel")
-    tr.add_argument("--tau", type=float, default=10.0, help="GroupSum temperature")
-    tr.add_argument("--gumbel-tau", type=float, default=1.0)
-    tr.add_argument("--grad-factor", type=float, default=1.0)
+    tr.add_argument(
+        "--thresholds", type=cli.positive_int, default=3, help="thermometer thresholds per pixel"
+    )
+    tr.add_argument("--tau", type=cli.positive_float, default=10.0, help="GroupSum temperature")
+    tr.add_argument("--gumbel-tau", type=cli.positive_float, default=1.0)
+    tr.add_argument("--grad-factor", type=cli.positive_float, default=1.0)
     tr.add_argument("--connections", choices=("random", "unique"), default="unique")
-    tr.add_argument("--lr", type=float, default=0.01)
-    tr.add_argument("--batch-size", type=int, default=128)
-    tr.add_argument("--steps", type=int, default=2000)
-    tr.add_argument("--time-budget", type=float, default=None, help="seconds of training")
-    tr.add_argument("--eval-every", type=int, default=200)
-    tr.add_argument("--train-subset", type=int, default=None)
-    tr.add_argument("--test-subset", type=int, default=None)
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    tr.add_argument("--backend", default=None, help="auto, reference, triton or interpreter")
+    tr.add_argument("--lr", type=cli.positive_float, default=0.01)
+    tr.add_argument("--batch-size", type=cli.positive_int, default=128)
+    tr.add_argument("--steps", type=cli.positive_int, default=2000)
+    tr.add_argument(
+        "--time-budget", type=cli.positive_float, default=None, help="seconds of training"
+    )
+    tr.add_argument("--eval-every", type=cli.positive_int, default=200)
+    tr.add_argument("--train-subset", type=cli.positive_int, default=None)
+    tr.add_argument("--test-subset", type=cli.positive_int, default=None)
+    tr.add_argument("--seed", type=_seed, default=0)
+    tr.add_argument(
+        "--threads", type=cli.nonnegative_int, default=0, help="torch threads (0: torch's default)"
+    )
+    tr.add_argument(
+        "--backend", type=_backend, default=None, help="auto, reference, triton or interpreter"
+    )
     tr.set_defaults(func=_train)
 
     co = sub.add_parser("compile", help="compile a training checkpoint to a Boolean program")
-    co.add_argument("--checkpoint", required=True, help="folder written by `train`")
-    co.add_argument("--out", required=True)
+    co.add_argument(
+        "--checkpoint", type=_checkpoint, required=True, help="folder written by `train`"
+    )
+    co.add_argument("--out", type=cli.output_folder, required=True)
     co.add_argument("--engine", choices=("auto", "c", "numpy"), default="auto")
-    co.add_argument("--dataset", choices=("fashion-mnist", "mnist-5k", "digits"), default=None)
+    co.add_argument("--dataset", choices=_DATASETS, default=None)
     co.set_defaults(func=_compile)
 
     rp = sub.add_parser("reproduce", help="softmax vs Gumbel on Fashion-MNIST, paper claims")
@@ -145,13 +257,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="20k-image subset, 110 s of training CPU time per relaxation",
     )
-    rp.add_argument("--out", default="results/dlgn-gumbel")
-    rp.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    rp.add_argument("--out", type=cli.output_folder, default="results/dlgn-gumbel")
+    rp.add_argument(
+        "--threads", type=cli.nonnegative_int, default=0, help="torch threads (0: torch's default)"
+    )
     rp.set_defaults(func=_reproduce)
 
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
-    return args.func(args)
+    return cli.run(parser, _dispatch, argv)
 
 
 if __name__ == "__main__":

@@ -27,11 +27,13 @@ from typing import Literal
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from dlgn_gumbel.discrete import DiscreteLayer, alive_masks, discretize
 from dlgn_gumbel.gates import GATE_TRUTH_TABLES
 from dlgn_gumbel.layers import group_scores
+from kernels_common import cli
 
 __all__ = ["CompiledLogicNet", "compile_logic_net"]
 
@@ -231,13 +233,11 @@ class CompiledLogicNet:
     def save(self, directory: str | Path) -> Path:
         """Write ``compiled.safetensors`` (connections, gates) and ``config.json``."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         tensors = {}
         for i, layer in enumerate(self.layers):
             tensors[f"layers.{i}.idx_a"] = np.ascontiguousarray(layer.idx_a, dtype=np.int64)
             tensors[f"layers.{i}.idx_b"] = np.ascontiguousarray(layer.idx_b, dtype=np.int64)
             tensors[f"layers.{i}.gates"] = np.ascontiguousarray(layer.gates, dtype=np.uint8)
-        save_file(tensors, str(directory / "compiled.safetensors"))
         config = {
             "format": _FORMAT,
             "in_dim": self.in_dim,
@@ -245,7 +245,18 @@ class CompiledLogicNet:
             "num_classes": self.num_classes,
             "tau": self.tau,
         }
-        (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        # written into a temporary folder, then renamed into ``directory`` (created only then):
+        # a failed save leaves neither half a file nor an empty folder
+        try:
+            with cli.atomic_folder(directory) as staging:
+                save_file(tensors, str(staging / "compiled.safetensors"))
+                (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        except OSError as error:  # name the output folder, not the temporary one
+            raise OSError(
+                error.errno,
+                f"cannot save the compiled network ({error.strerror or error})",
+                str(directory),
+            ) from error
         return directory
 
     @classmethod
@@ -256,10 +267,18 @@ class CompiledLogicNet:
         for path in (config_path, weights_path):
             if not path.is_file():
                 raise FileNotFoundError(f"{path} not found (expected a CompiledLogicNet.save dir)")
-        config = json.loads(config_path.read_text())
+        config = cli.read_json(config_path, "compiled network config")
+        if not isinstance(config, dict):
+            raise ValueError(f"{config_path} is not a compiled network config (not a JSON object)")
         if config.get("format") != _FORMAT:
             raise ValueError(f"{config_path}: format {config.get('format')!r}, expected {_FORMAT}")
-        tensors = load_file(str(weights_path))
+        try:
+            tensors = load_file(str(weights_path))
+        except SafetensorError as error:
+            raise ValueError(
+                f"{weights_path} is not a readable compiled network (truncated or not "
+                f"safetensors: {error})"
+            ) from None
         try:
             layers = tuple(
                 DiscreteLayer(
@@ -270,7 +289,7 @@ class CompiledLogicNet:
                 for i in range(config["num_layers"])
             )
             fields = (config["in_dim"], layers, config["num_classes"], config["tau"])
-        except KeyError as error:
+        except (KeyError, TypeError) as error:
             raise ValueError(f"{directory}: incomplete compiled network, missing {error}") from None
         return cls(*fields, _resolve_engine(engine))  # __post_init__ validates every table
 

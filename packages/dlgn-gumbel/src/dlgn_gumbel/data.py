@@ -7,9 +7,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["DATASETS", "ImageData", "load_images"]
+__all__ = ["DATASETS", "DATASET_SHAPES", "ImageData", "load_images"]
 
 DATASETS = ("fashion-mnist", "mnist-5k", "digits")
+# (pixels per image, classes) of each dataset, known without loading it: the command line checks
+# an architecture against them before any data is read
+DATASET_SHAPES = {"fashion-mnist": (784, 10), "mnist-5k": (784, 10), "digits": (64, 10)}
 
 
 @dataclass(frozen=True)

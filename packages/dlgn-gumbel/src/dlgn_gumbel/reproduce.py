@@ -21,6 +21,7 @@ from dlgn_gumbel.compiled import compile_logic_net
 from dlgn_gumbel.data import load_images
 from dlgn_gumbel.metrics import gate_usage
 from dlgn_gumbel.train import TrainConfig, TrainResult, train
+from kernels_common import cli
 from kernels_common.report import write_summary
 from kernels_common.results import Claim, ReproduceResults
 
@@ -87,13 +88,17 @@ def run(
     threads: int = 0,
     settings: ReproduceSettings | None = None,
 ) -> ReproduceResults:
-    """Train both relaxations, write plots, ``results.json`` and ``summary.md`` into ``out``.
+    """Train both relaxations, write plots, ``results.json`` and ``summary.md`` into ``out``
+    (all of them at the end, or none if the run fails).
 
     ``settings`` overrides the quick/full sizes (tests use a tiny run)."""
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads or 1)
     try:
-        return _run(out, quick, settings)
+        # everything is written into a temporary folder and moved into ``out`` (created only
+        # then) at the end: a failed or interrupted run leaves no partial results behind
+        with cli.atomic_folder(out) as staging:
+            return _run(staging, quick, settings)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -102,7 +107,6 @@ def _run(out: Path, quick: bool, settings: ReproduceSettings | None) -> Reproduc
     from kernels_common.plotting import plot_curves
 
     started = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
     if settings is None:
         settings = QUICK if quick else FULL
     full_data = load_images("fashion-mnist")

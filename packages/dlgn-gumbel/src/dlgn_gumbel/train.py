@@ -8,21 +8,21 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from dlgn_gumbel.layers import LogicNet, LogicNetConfig, ThermometerEncoder
 from dlgn_gumbel.metrics import accuracy
+from kernels_common import cli
 
-__all__ = ["TrainConfig", "TrainResult", "load_checkpoint", "train"]
+__all__ = ["TrainConfig", "TrainResult", "check_checkpoint", "load_checkpoint", "train"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,50 +117,130 @@ def _batch_indices(n: int, batch_size: int, step: int, seed: int) -> torch.Tenso
 
 
 def _save(directory: Path, net: LogicNet, optim: torch.optim.Optimizer, meta: dict) -> None:
-    """Write the tensors, then the JSON state, each through a temporary file and an atomic
-    rename; both carry the step count, so a run killed between the two renames is detected on
+    """Write the tensors and the JSON state into a temporary folder, then rename each into
+    ``directory`` (created only then, so a run that fails before its first checkpoint leaves no
+    folder); both carry the step count, so a run killed between the two renames is detected on
     load instead of resuming from mismatched halves."""
-    directory.mkdir(parents=True, exist_ok=True)
     tensors = {f"model.{k}": v.contiguous() for k, v in net.state_dict().items()}
     state = optim.state_dict()
     for pid, slots in state["state"].items():
         for name, value in slots.items():
             tensors[f"optim.{pid}.{name}"] = torch.as_tensor(value).contiguous()
-    partial = directory / f"{CHECKPOINT}.partial"
-    save_file(tensors, str(partial), metadata={"steps": str(meta["steps"])})
-    os.replace(partial, directory / CHECKPOINT)
     meta = {**meta, "param_groups": state["param_groups"]}
-    partial = directory / f"{STATE}.partial"
-    partial.write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(partial, directory / STATE)
+    try:
+        with cli.atomic_folder(directory) as staging:
+            save_file(tensors, str(staging / CHECKPOINT), metadata={"steps": str(meta["steps"])})
+            (staging / STATE).write_text(json.dumps(meta, indent=2) + "\n")
+    except OSError as error:  # name the checkpoint folder, not the temporary one
+        raise OSError(
+            error.errno, f"cannot save a checkpoint ({error.strerror or error})", str(directory)
+        ) from error
+
+
+_STATE_KEYS = {
+    "config": dict,
+    "net_config": dict,
+    "steps": int,
+    "train_time_s": (int, float),
+    "history": list,
+    "param_groups": list,
+}
+
+
+def check_checkpoint(directory: str | Path) -> dict[str, Any]:
+    """The JSON state of the checkpoint in ``directory``, checked without loading the tensors.
+
+    Raises:
+        FileNotFoundError: the folder or one of its two files is missing.
+        ValueError: a file is truncated, not of its format, or the two are from different steps
+            (each message names the file).
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"checkpoint folder not found: {directory}")
+    for name in (STATE, CHECKPOINT):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(
+                f"{directory / name} not found (expected a folder written by `dlgn-gumbel train`)"
+            )
+    state_path, tensors_path = directory / STATE, directory / CHECKPOINT
+    meta = cli.read_json(state_path, "dlgn-gumbel checkpoint state")
+    if not isinstance(meta, dict):
+        raise ValueError(f"{state_path} is not a dlgn-gumbel checkpoint state (not a JSON object)")
+    for key, kind in _STATE_KEYS.items():
+        if not isinstance(meta.get(key), kind):
+            raise ValueError(
+                f"{state_path} is not a dlgn-gumbel checkpoint state ({key!r} missing or wrong)"
+            )
+    for key, build in (("config", TrainConfig), ("net_config", LogicNetConfig)):
+        try:
+            build(**meta[key])
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{state_path}: invalid {key!r}: {error}") from None
+    try:
+        with safe_open(str(tensors_path), framework="pt") as f:
+            saved_steps = (f.metadata() or {}).get("steps")
+    except SafetensorError as error:
+        raise ValueError(
+            f"{tensors_path} is not a readable checkpoint (truncated or not safetensors: {error})"
+        ) from None
+    if saved_steps is None:
+        raise ValueError(f"{tensors_path} records no step (not written by `dlgn-gumbel train`)")
+    if saved_steps != str(meta["steps"]):
+        raise ValueError(
+            f"{directory}: {CHECKPOINT} (step {saved_steps}) and {STATE} (step "
+            f"{meta['steps']}) are from different steps; the run was interrupted while "
+            "saving, so neither can be resumed safely"
+        )
+    return meta
 
 
 def _read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The JSON state and the tensors of a checkpoint, checked to belong to the same step."""
-    for name in (STATE, CHECKPOINT):
-        if not (directory / name).is_file():
-            raise FileNotFoundError(f"{directory / name} not found (expected a `train` --out dir)")
-    meta = json.loads((directory / STATE).read_text())
-    with safe_open(str(directory / CHECKPOINT), framework="pt") as f:
-        saved_steps = (f.metadata() or {}).get("steps")
-    if saved_steps != str(meta.get("steps")):
-        raise ValueError(
-            f"{directory}: {CHECKPOINT} (step {saved_steps}) and {STATE} (step "
-            f"{meta.get('steps')}) are from different steps; the run was interrupted while "
-            "saving, so neither can be resumed safely"
+    meta = check_checkpoint(directory)
+    return meta, cli.read_safetensors(directory / CHECKPOINT, "checkpoint")
+
+
+def _load_model(net: LogicNet, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    try:
+        net.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    except RuntimeError as error:  # missing keys or wrong shapes: not this network's tensors
+        raise ValueError(f"{path} does not match its checkpoint.json: {error}") from None
+
+
+def check_resumable(meta: dict[str, Any], config: TrainConfig, directory: str | Path) -> None:
+    """Refuse to resume a checkpoint whose config differs from ``config`` in more than the
+    run length (``steps``, ``time_budget_s``)."""
+    saved, wanted = dict(meta["config"]), json.loads(json.dumps(asdict(config)))
+    for key in _RUN_LENGTH_KEYS:  # a resumed run may be extended
+        saved.pop(key, None)
+        wanted.pop(key, None)
+    if saved != wanted:
+        changed = ", ".join(
+            f"{key}={saved.get(key)!r} (now {wanted.get(key)!r})"
+            for key in sorted(set(saved) | set(wanted))
+            if saved.get(key) != wanted.get(key)
         )
-    return meta, load_file(str(directory / CHECKPOINT))
+        raise ValueError(
+            f"resume: the config of the checkpoint in {directory} differs: it was trained with "
+            f"{changed}"
+        )
 
 
 def _load(directory: Path, net: LogicNet, optim: torch.optim.Optimizer) -> dict[str, Any]:
     meta, tensors = _read_checkpoint(directory)
-    net.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    _load_model(net, tensors, directory / CHECKPOINT)
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         if key.startswith("optim."):
             _, pid, name = key.split(".", 2)
             state.setdefault(int(pid), {})[name] = value
-    optim.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    try:
+        optim.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    except (KeyError, RuntimeError, ValueError) as error:
+        raise ValueError(
+            f"{directory}: the optimizer state does not match the network: {error}"
+        ) from None
     return meta
 
 
@@ -201,15 +281,10 @@ def train(
     result = TrainResult(net, encoder)
     directory = Path(out_dir) if out_dir is not None else None
     if resume:
-        if directory is None or not (directory / STATE).is_file():
-            raise FileNotFoundError(f"resume: no {STATE} in {directory}")
+        if directory is None:
+            raise ValueError("resume=True needs out_dir, the folder of the checkpoint")
+        check_resumable(check_checkpoint(directory), config, directory)
         meta = _load(directory, net, optim)
-        saved, wanted = meta["config"], json.loads(json.dumps(asdict(config)))
-        for key in _RUN_LENGTH_KEYS:  # a resumed run may be extended
-            saved.pop(key, None)
-            wanted.pop(key, None)
-        if saved != wanted:
-            raise ValueError(f"resume: the checkpoint's config {saved} differs from {wanted}")
         result.steps, result.train_time_s = meta["steps"], meta["train_time_s"]
         result.history = meta["history"]
         logger.info("resumed from %s at step %d", directory, result.steps)
@@ -254,27 +329,29 @@ def train(
         bar.set_postfix(loss=f"{row['loss']:.3f}", disc=f"{row['discrete_acc']:.3f}")
         logger.info("step %d: %s", result.steps, row)
 
-    while result.steps < config.steps:
-        if config.time_budget_s is not None and result.train_time_s >= config.time_budget_s:
-            break
-        start = clock()
-        net.train()
-        idx = _batch_indices(x_train.shape[0], config.batch_size, result.steps, config.seed)
-        torch.manual_seed(config.seed * 7_919 + result.steps)  # this step's Gumbel noise
-        loss = torch.nn.functional.cross_entropy(net(encoder(x_train[idx])), y_train[idx])
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        optim.step()
-        result.train_time_s += clock() - start
-        result.steps += 1
-        loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
-        bar.update(1)
-        if result.steps % config.eval_every == 0 or result.steps == config.steps:
-            evaluate()
-            checkpoint()
-    if not result.history or result.history[-1]["step"] != result.steps:
-        evaluate()  # stopped by the time budget between evaluations
-    bar.close()
+    try:  # the bar ends its line even when a step or a save fails
+        while result.steps < config.steps:
+            if config.time_budget_s is not None and result.train_time_s >= config.time_budget_s:
+                break
+            start = clock()
+            net.train()
+            idx = _batch_indices(x_train.shape[0], config.batch_size, result.steps, config.seed)
+            torch.manual_seed(config.seed * 7_919 + result.steps)  # this step's Gumbel noise
+            loss = torch.nn.functional.cross_entropy(net(encoder(x_train[idx])), y_train[idx])
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            optim.step()
+            result.train_time_s += clock() - start
+            result.steps += 1
+            loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
+            bar.update(1)
+            if result.steps % config.eval_every == 0 or result.steps == config.steps:
+                evaluate()
+                checkpoint()
+        if not result.history or result.history[-1]["step"] != result.steps:
+            evaluate()  # stopped by the time budget between evaluations
+    finally:
+        bar.close()
     checkpoint()
     net.eval()
     return result
@@ -284,8 +361,9 @@ def load_checkpoint(
     directory: str | Path, *, backend: str | None = None
 ) -> tuple[LogicNet, TrainConfig]:
     """The network (eval mode) and training config saved by :func:`train` in ``directory``."""
-    meta, tensors = _read_checkpoint(Path(directory))
+    directory = Path(directory)
+    meta, tensors = _read_checkpoint(directory)
     config = TrainConfig(**meta["config"])
     net = LogicNet.from_config(LogicNetConfig(**meta["net_config"]), backend=backend)
-    net.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    _load_model(net, tensors, directory / CHECKPOINT)
     return net.eval(), config
