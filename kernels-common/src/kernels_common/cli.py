@@ -319,11 +319,13 @@ def read_json(path: str | os.PathLike[str], what: str = "JSON file") -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise ValueError(f"{path} is not a {what} (not UTF-8 text)") from None
     except json.JSONDecodeError as error:
-        state = "truncated" if error.pos >= len(error.doc.rstrip()) else "not valid JSON"
+        # a string cut short is reported where it starts, not at the end of the file
+        cut = error.pos >= len(error.doc.rstrip()) or error.msg.startswith("Unterminated")
+        state = "truncated" if cut else "not valid JSON"
         raise ValueError(f"{path} is not a readable {what} ({state}: {error.msg}, "
                          f"line {error.lineno} column {error.colno})") from None  # fmt: skip
 
