@@ -84,13 +84,16 @@ def test_cli_fit_recovers_law_and_predicts(tmp_path):
     assert (out / "fit.png").stat().st_size > 0
 
 
-def test_cli_fit_rejects_a_bad_file(tmp_path):
+def test_cli_fit_rejects_a_bad_file(tmp_path, capsys):
     bad = tmp_path / "bad.csv"
     bad.write_text("step,loss\n1,3.0\n")
-    with pytest.raises(ValueError, match="'lr' column"):
-        main(["fit", str(bad), "--out", str(tmp_path / "o")])
-    with pytest.raises(FileNotFoundError):
+    assert main(["fit", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "'lr' column" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # refused by the parser
         main(["fit", str(tmp_path / "missing.csv"), "--out", str(tmp_path / "o")])
+    assert exit_info.value.code == 2
+    assert "missing.csv" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def test_cli_diloco_single_replica(tmp_path, capsys):

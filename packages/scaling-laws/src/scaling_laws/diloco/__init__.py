@@ -8,7 +8,12 @@ from scaling_laws.diloco.laws import (
     fit_joint_law,
     fit_model_size_law,
 )
-from scaling_laws.diloco.trainer import DiLoCoTrainer, latest_checkpoint
+from scaling_laws.diloco.trainer import (
+    DiLoCoTrainer,
+    latest_checkpoint,
+    resumable_checkpoint,
+    verify_checkpoint,
+)
 
 __all__ = [
     "ALGORITHMS",
@@ -22,4 +27,6 @@ __all__ = [
     "init_from_env",
     "latest_checkpoint",
     "launch_local",
+    "resumable_checkpoint",
+    "verify_checkpoint",
 ]

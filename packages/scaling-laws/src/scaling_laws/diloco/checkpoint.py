@@ -13,7 +13,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["merge_optimizer_state", "read_json", "split_optimizer_state", "write_json"]
+from kernels_common import cli
+
+__all__ = [
+    "check_safetensors",
+    "merge_optimizer_state",
+    "read_json",
+    "split_optimizer_state",
+    "write_json",
+]
 
 
 def split_optimizer_state(
@@ -57,10 +65,39 @@ def merge_optimizer_state(
 
 
 def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=1, sort_keys=True, allow_nan=False))
+    """Write ``data`` whole or not at all (temporary name, then one rename)."""
+    text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False)
+    with cli.atomic_file(path) as temporary:
+        temporary.write_text(text)
 
 
-def read_json(path: Path) -> dict:
-    if not path.exists():
-        raise FileNotFoundError(f"checkpoint file missing: {path}")
-    return json.loads(path.read_text())
+def read_json(path: Path, keys: tuple[str, ...] = ()) -> dict:
+    """A checkpoint's JSON object; a missing, truncated or incomplete file raises
+    ``FileNotFoundError`` / ``ValueError`` naming it."""
+    data = cli.read_json(path, "checkpoint file")
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a checkpoint file (expected a JSON object)")
+    missing = [key for key in keys if key not in data]
+    if missing:
+        raise ValueError(f"{path} is not a complete checkpoint file (no {', '.join(missing)})")
+    return data
+
+
+def check_safetensors(path: Path, keys: tuple[str, ...] = ()) -> None:
+    """Raise ``FileNotFoundError`` / ``ValueError`` naming ``path`` when it is missing, truncated,
+    not safetensors or lacks one of ``keys``; reads the header only."""
+    from safetensors import SafetensorError, safe_open
+
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint file not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            present = set(handle.keys())
+    except (SafetensorError, OSError, ValueError) as error:
+        raise ValueError(
+            f"{path} is not a readable checkpoint file (truncated or not safetensors: "
+            f"{str(error).strip()})"
+        ) from None
+    missing = [key for key in keys if key not in present]
+    if missing:
+        raise ValueError(f"{path} is not a complete checkpoint file (no {', '.join(missing)})")

@@ -40,10 +40,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
+from kernels_common.cli import read_safetensors
 from scaling_laws.diloco.checkpoint import (
+    check_safetensors,
     merge_optimizer_state,
     read_json,
     split_optimizer_state,
@@ -51,7 +53,7 @@ from scaling_laws.diloco.checkpoint import (
 )
 from scaling_laws.diloco.config import DiLoCoConfig
 
-__all__ = ["DiLoCoTrainer", "latest_checkpoint"]
+__all__ = ["DiLoCoTrainer", "latest_checkpoint", "resumable_checkpoint", "verify_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,17 +62,99 @@ BatchFn = Callable[[int, int, torch.Generator], Any]
 CHECKPOINT_FORMAT = 1
 
 
-def latest_checkpoint(directory: str | Path) -> Path | None:
-    """The most advanced complete checkpoint (``step_*`` folder with ``meta.json``) or None."""
+def _complete_checkpoints(directory: str | Path) -> list[Path]:
+    """Every ``step_*`` folder with a ``meta.json`` (written last), most advanced first."""
     directory = Path(directory)
     if not directory.is_dir():
-        return None
+        return []
     done = [
         p
         for p in directory.glob("step_*")
         if p.name[len("step_") :].isdigit() and (p / "meta.json").exists()
     ]
-    return max(done, key=lambda p: int(p.name.split("_")[1]), default=None)
+    return sorted(done, key=lambda p: int(p.name.split("_")[1]), reverse=True)
+
+
+def latest_checkpoint(directory: str | Path) -> Path | None:
+    """The most advanced complete checkpoint (``step_*`` folder with ``meta.json``) or None."""
+    done = _complete_checkpoints(directory)
+    return done[0] if done else None
+
+
+class _Mismatch(ValueError):
+    """A checkpoint that is fine but belongs to another job (world size, config)."""
+
+
+def verify_checkpoint(
+    path: str | Path, *, config: DiLoCoConfig | None = None, world_size: int | None = None
+) -> dict:
+    """Check a checkpoint folder before loading it and return its ``meta.json``.
+
+    Every replica's files and the global state must be present and readable (safetensors
+    headers are parsed, tensors are not loaded) and, where given, its config and world size
+    must match. Raises ``FileNotFoundError`` / ``ValueError`` naming the bad file.
+    """
+    path = Path(path)
+    meta = read_json(path / "meta.json", ("format", "config", "world_size", "step", "outer_steps"))
+    if meta["format"] != CHECKPOINT_FORMAT:
+        raise ValueError(f"unknown checkpoint format {meta['format']!r} in {path}")
+    if world_size is not None and meta["world_size"] != world_size:
+        raise _Mismatch(
+            f"checkpoint has {meta['world_size']} replicas, this job has {world_size} ({path})"
+        )
+    try:
+        saved = DiLoCoConfig.from_dict(meta["config"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{path / 'meta.json'} holds no valid DiLoCo config ({error})") from None
+    if config is not None and saved != config:
+        raise _Mismatch(f"checkpoint config differs from this trainer's config ({path})")
+    if not isinstance(meta["world_size"], int) or meta["world_size"] < 1:
+        raise ValueError(f"{path / 'meta.json'}: bad world_size {meta['world_size']!r}")
+    for rank in range(meta["world_size"]):
+        check_safetensors(path / f"rank{rank}.safetensors", ("rng.data", "rng.torch"))
+        read_json(path / f"rank{rank}.json", ("inner", "step", "bytes"))
+    if saved.algorithm == "diloco":
+        check_safetensors(path / "global.safetensors")
+        read_json(path / "global.json", ("outer",))
+    return meta
+
+
+def resumable_checkpoint(
+    directory: str | Path, *, config: DiLoCoConfig | None = None, world_size: int | None = None
+) -> Path | None:
+    """The latest complete checkpoint in ``directory`` after :func:`verify_checkpoint`, or None
+    when there is none.
+
+    A latest checkpoint that fails the check is refused (``ValueError``), never skipped: the
+    message names the bad file and the most advanced older checkpoint that passes, if any (delete
+    the bad one to resume from it). One written by a job with another world size or config is
+    refused as such.
+    """
+    done = _complete_checkpoints(directory)
+    if not done:
+        return None
+    latest = done[0]
+    try:
+        verify_checkpoint(latest, config=config, world_size=world_size)
+        return latest
+    except _Mismatch:
+        raise
+    except (OSError, ValueError) as error:
+        problem = str(error).strip()
+    for older in done[1:]:
+        try:
+            verify_checkpoint(older, config=config, world_size=world_size)
+        except (OSError, ValueError):
+            continue
+        raise ValueError(
+            f"cannot resume from the latest checkpoint {latest}: {problem}; the older checkpoint "
+            f"{older} is complete: delete {latest} to resume from it"
+        )
+    raise ValueError(
+        f"cannot resume from the latest checkpoint {latest}: {problem}; no older checkpoint in "
+        f"{directory} can be resumed from: delete it (or use another checkpoint folder) to "
+        "start over"
+    )
 
 
 class DiLoCoTrainer:
@@ -225,7 +309,8 @@ class DiLoCoTrainer:
             batch_fn: ``batch_fn(step, rank, generator) -> batch``; draw all randomness from
                 ``generator`` (checkpointed) or derive it from ``step`` so resumes are exact.
             checkpoint_dir: folder of ``step_XXXXXXXX`` checkpoints; with ``resume`` the latest
-                complete one is loaded first.
+                complete one is loaded first (a corrupt one raises ``ValueError`` naming it and
+                any older checkpoint it could resume from, see :func:`resumable_checkpoint`).
             checkpoint_every: inner steps between checkpoints (needs ``checkpoint_dir``).
             callback: called after every step with ``(trainer, loss)``.
 
@@ -235,7 +320,9 @@ class DiLoCoTrainer:
         if checkpoint_every is not None and (checkpoint_dir is None or checkpoint_every < 1):
             raise ValueError("checkpoint_every needs a checkpoint_dir and must be >= 1")
         if checkpoint_dir is not None and resume:
-            latest = latest_checkpoint(checkpoint_dir)
+            latest = resumable_checkpoint(
+                checkpoint_dir, config=self.config, world_size=self.world_size
+            )
             if latest is not None:
                 self.load(latest)
         losses = []
@@ -309,17 +396,9 @@ class DiLoCoTrainer:
     def load(self, path: str | Path) -> None:
         """Restore a checkpoint written by :meth:`save` with the same world size and config."""
         path = Path(path)
-        meta = read_json(path / "meta.json")
-        if meta.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"unknown checkpoint format {meta.get('format')!r} in {path}")
-        if meta["world_size"] != self.world_size:
-            raise ValueError(
-                f"checkpoint has {meta['world_size']} replicas, this job has {self.world_size}"
-            )
-        if DiLoCoConfig.from_dict(meta["config"]) != self.config:
-            raise ValueError(f"checkpoint config differs from this trainer's config ({path})")
-        tensors = load_file(path / f"rank{self.rank}.safetensors")
-        extra = read_json(path / f"rank{self.rank}.json")
+        meta = verify_checkpoint(path, config=self.config, world_size=self.world_size)
+        tensors = read_safetensors(path / f"rank{self.rank}.safetensors", "checkpoint file")
+        extra = read_json(path / f"rank{self.rank}.json", ("inner", "step", "bytes"))
         self.model.load_state_dict(
             {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
         )
@@ -331,7 +410,7 @@ class DiLoCoTrainer:
         self.step, self.outer_steps = extra["step"], meta["outer_steps"]
         self.communicated_bytes = extra["bytes"]
         if self.outer is not None:
-            outer = load_file(path / "global.safetensors")
+            outer = read_safetensors(path / "global.safetensors", "checkpoint file")
             with torch.no_grad():
                 for i, g in enumerate(self.global_params):
                     g.copy_(outer[f"global.{i}"])
