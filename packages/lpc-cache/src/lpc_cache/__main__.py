@@ -1,12 +1,60 @@
-"""``lpc-cache`` command line: build traces, train the predictor, simulate, sweep, reproduce."""
+"""``lpc-cache`` command line: build traces, train the predictor, simulate, sweep, reproduce.
+
+A bad argument or input file is refused with one line, ``lpc-cache: error: <message>``, and exit
+code 2, before any work starts (``--debug`` shows the traceback). Outputs appear whole or not at
+all: files and folders are written under temporary names and renamed at the end.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+from kernels_common import cli
+
+PROG = "lpc-cache"
+
+
+# --- argument types --------------------------------------------------------------------------
+
+
+def _policy_name(text: str) -> str:
+    """One of the known policy names (any case)."""
+    from lpc_cache.policies import POLICIES
+
+    name = text.strip().lower()
+    if name not in POLICIES:
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {text!r}; choose one of {', '.join(sorted(POLICIES))}"
+        )
+    return name
+
+
+def _policy_list(text: str) -> list[str]:
+    """A comma-separated list of known policy names."""
+    parts = [part.strip() for part in text.split(",")]
+    if not text.strip() or any(not part for part in parts):
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of policies, got {text!r}"
+        )
+    return list(dict.fromkeys(_policy_name(part) for part in parts))
+
+
+def _open_fraction(text: str) -> float:
+    """A number strictly between 0 and 1 (both parts of a split must be non-empty)."""
+    value = cli.finite_float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1), got {text!r}")
+    return value
+
+
+# --- the parser --------------------------------------------------------------------------------
 
 
 def _add_trace_build(commands) -> None:
@@ -14,106 +62,180 @@ def _add_trace_build(commands) -> None:
         dest="trace_command", required=True
     )
     parser = build.add_parser("build", help="a JSONL trace from ShareGPT (benchdata)")
-    parser.add_argument("--out", required=True, help="JSONL file to write")
-    parser.add_argument("--conversations", type=int, default=1000)
-    parser.add_argument("--offset", type=int, default=0, help="first conversation index")
-    parser.add_argument("--arrival-rate", type=float, default=1.0, help="conversations/s")
-    parser.add_argument("--mean-gap", type=float, default=100.0, help="inter-turn gap, s")
-    parser.add_argument("--max-concurrent", type=int, default=200)
-    parser.add_argument("--max-prompt-tokens", type=int, default=8192)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, type=cli.output_file, help="JSONL file to write")
+    parser.add_argument("--conversations", type=cli.positive_int, default=1000)
+    parser.add_argument(
+        "--offset", type=cli.nonnegative_int, default=0, help="first conversation index"
+    )
+    parser.add_argument(
+        "--arrival-rate", type=cli.positive_float, default=1.0, help="conversations/s"
+    )
+    parser.add_argument(
+        "--mean-gap", type=cli.nonnegative_float, default=100.0, help="inter-turn gap, s"
+    )
+    parser.add_argument("--max-concurrent", type=cli.positive_int, default=200)
+    parser.add_argument("--max-prompt-tokens", type=cli.positive_int, default=8192)
+    parser.add_argument("--seed", type=cli.nonnegative_int, default=0)
 
 
 def _add_common_sim(parser) -> None:
-    parser.add_argument("--trace", required=True, help="JSONL trace")
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--predictor", default=None, help="predictor folder (needed for lpc)")
-    parser.add_argument("--scale", type=float, default=1e-2, help="LPC decay per second")
+    parser.add_argument("--trace", required=True, type=cli.existing_file, help="JSONL trace")
+    parser.add_argument("--block-size", type=cli.positive_int, default=16)
+    parser.add_argument(
+        "--predictor",
+        type=cli.existing_folder,
+        default=None,
+        help="predictor folder (needed for lpc)",
+    )
+    parser.add_argument(
+        "--scale", type=cli.nonnegative_float, default=1e-2, help="LPC decay per second"
+    )
 
 
-def _probabilities(args, trace, policies: list[str]):
-    if "lpc" not in policies:
-        return None
-    if args.predictor is None:
-        raise SystemExit("the lpc policy needs --predictor DIR (see `lpc-cache train-predictor`)")
-    from lpc_cache.encoders import SentenceEncoder
-    from lpc_cache.predictor import ContinuationPredictor
-
-    predictor = ContinuationPredictor.load(args.predictor)
-    return predictor.predict_trace(trace, SentenceEncoder(cache_dir=Path(args.predictor)))
-
-
-def _policy(name: str, scale: float):
-    from lpc_cache.policies import make_policy
-
-    return make_policy(name, scale=scale) if name == "lpc" else make_policy(name)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lpc-cache", description=__doc__)
+def build_parser() -> cli.ArgumentParser:
+    parser = cli.ArgumentParser(prog=PROG, description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_trace_build(commands)
 
     train = commands.add_parser("train-predictor", help="train the continuation predictor")
-    train.add_argument("--trace", required=True, help="JSONL trace with user_text")
-    train.add_argument("--out", required=True, help="folder for the predictor")
-    train.add_argument("--validation-fraction", type=float, default=0.2)
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument(
+        "--trace", required=True, type=cli.existing_file, help="JSONL trace with user_text"
+    )
+    train.add_argument(
+        "--out", required=True, type=cli.output_folder, help="folder for the predictor"
+    )
+    train.add_argument("--validation-fraction", type=_open_fraction, default=0.2)
+    train.add_argument("--seed", type=cli.nonnegative_int, default=0)
 
     simulate = commands.add_parser("simulate", help="replay a trace against one cache")
     _add_common_sim(simulate)
-    simulate.add_argument("--policy", required=True)
-    simulate.add_argument("--capacity-tokens", type=int, required=True)
+    simulate.add_argument("--policy", required=True, type=_policy_name)
+    simulate.add_argument("--capacity-tokens", type=cli.nonnegative_int, required=True)
     simulate.add_argument("--json", action="store_true", help="print a JSON object")
 
     sweep = commands.add_parser("sweep", help="hit ratio vs capacity curves and a plot")
     _add_common_sim(sweep)
-    sweep.add_argument("--policies", default="lru,lfu,fifo,oracle,belady")
-    sweep.add_argument("--capacities", required=True, help="comma-separated tokens")
-    sweep.add_argument("--out", required=True, help="folder for sweep.json and hit_ratio.png")
+    sweep.add_argument("--policies", type=_policy_list, default="lru,lfu,fifo,oracle,belady")
+    sweep.add_argument(
+        "--capacities",
+        required=True,
+        type=cli.int_list(cli.positive_int),
+        help="comma-separated tokens",
+    )
+    sweep.add_argument(
+        "--out",
+        required=True,
+        type=cli.output_folder,
+        help="folder for sweep.json and hit_ratio.png",
+    )
 
     reproduce = commands.add_parser("reproduce", help="the paper's experiment on ShareGPT")
     reproduce.add_argument("--quick", action="store_true", help="the few-minute CPU run")
-    reproduce.add_argument("--out", default="reports/lpc-cache", help="results folder")
+    reproduce.add_argument(
+        "--out", type=cli.output_folder, default="reports/lpc-cache", help="results folder"
+    )
 
     bench = commands.add_parser("bench", help="simulator and predictor throughput")
-    bench.add_argument("--out", default=None, help="folder for bench_lpc_cache.json/.md")
-    bench.add_argument("--conversations", type=int, default=2000)
+    bench.add_argument(
+        "--out", type=cli.output_folder, default=None, help="folder for bench_lpc_cache.json/.md"
+    )
+    bench.add_argument("--conversations", type=cli.positive_int, default=2000)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(build_parser(), _dispatch, argv)
+
+
+def _dispatch(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-
     if args.command == "trace":
-        from lpc_cache.trace import TraceConfig, save_trace, sharegpt_trace
-
-        config = TraceConfig(
-            args.arrival_rate, args.mean_gap, args.max_concurrent, args.max_prompt_tokens, args.seed
-        )
-        trace = sharegpt_trace(args.conversations, config, offset=args.offset)
-        save_trace(trace, args.out)
-        print(f"{len(trace)} requests of {len(trace.conversations)} conversations -> {args.out}")
-        return 0
+        return _trace_build(args)
     if args.command == "train-predictor":
         return _train(args)
     if args.command in ("simulate", "sweep"):
-        try:
-            return _simulate(args)
-        except (ValueError, TypeError, FileNotFoundError) as error:  # bad trace or arguments
-            parser.exit(2, f"lpc-cache {args.command}: error: {error}\n")
+        return _simulate(args)
     if args.command == "reproduce":
+        _require("benchdata", "matplotlib", extra="reproduce", what="reproduce")
         from lpc_cache.reproduce import run
 
         results = run(args.out, quick=args.quick)
         print(f"results in {args.out} (all claims pass: {results.passed})")
         return 0
+    _require("benchdata", extra="bench", what="bench")
     from lpc_cache.benchmark import run as run_benchmark
 
     sys.stdout.write(run_benchmark(args.out, conversations=args.conversations))
     return 0
 
 
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _require(*modules: str, extra: str, what: str) -> None:
+    """Refuse before any work when an optional dependency is missing."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        raise cli.CommandError(
+            f"{what} needs {', '.join(missing)}: pip install 'lpc-cache[{extra}]'"
+        )
+
+
+def _needs_user_text(trace, path: Path, what: str) -> None:
+    for number, request in enumerate(trace.requests):
+        if request.user_text is None:
+            raise ValueError(
+                f"{path}: {what} needs user_text in every request; request {number} "
+                f"(conversation {request.conversation_id!r}, turn {request.turn}) has none"
+            )
+
+
+@contextlib.contextmanager
+def _output_folder(path: Path, what: str) -> Iterator[Path]:
+    """``cli.atomic_folder``; a failed write names ``path``, not the temporary folder."""
+    with cli.atomic_folder(path) as folder:
+        try:
+            yield folder
+        except OSError as error:
+            if error.filename is None or str(folder) not in str(error.filename):
+                raise
+            reason = error.strerror or str(error)
+            raise cli.CommandError(f"cannot write {what} to {path}: {reason}") from error
+
+
+def _sentence_encoder(cache_dir: Path):
+    from lpc_cache.encoders import SentenceEncoder
+
+    return SentenceEncoder(cache_dir=cache_dir)
+
+
+# --- sub-commands ------------------------------------------------------------------------------
+
+
+def _trace_build(args) -> int:
+    _require("benchdata", extra="reproduce", what="trace build")
+    from lpc_cache.trace import TraceConfig, save_trace, sharegpt_trace
+
+    config = TraceConfig(
+        args.arrival_rate, args.mean_gap, args.max_concurrent, args.max_prompt_tokens, args.seed
+    )
+    trace = sharegpt_trace(args.conversations, config, offset=args.offset)
+    if not trace.requests:
+        raise ValueError(
+            f"no ShareGPT conversations from --offset {args.offset} "
+            f"(--conversations {args.conversations}): nothing to write"
+        )
+    try:
+        save_trace(trace, args.out)
+    except OSError as error:  # name the file asked for, not the temporary one
+        reason = error.strerror or str(error)
+        raise cli.CommandError(f"cannot write the trace to {args.out}: {reason}") from error
+    print(f"{len(trace)} requests of {len(trace.conversations)} conversations -> {args.out}")
+    return 0
+
+
 def _train(args) -> int:
-    from lpc_cache.encoders import MINILM_WORD_BUDGET, SentenceEncoder
+    from lpc_cache.encoders import MINILM_WORD_BUDGET
     from lpc_cache.predictor import (
         ContinuationPredictor,
         PredictorConfig,
@@ -124,37 +246,79 @@ def _train(args) -> int:
     )
     from lpc_cache.trace import load_trace
 
+    # every check on the trace comes before the encoder is loaded or anything is embedded
     trace = load_trace(args.trace)
-    encoder = SentenceEncoder(cache_dir=Path(args.out))
-    config = PredictorConfig(
-        embedding_dim=encoder.dim, word_budget=MINILM_WORD_BUDGET, seed=args.seed
-    )
+    _needs_user_text(trace, args.trace, "train-predictor")
     val_ids, train_ids = split_conversations(
         trace.conversations, (args.validation_fraction, 1 - args.validation_fraction), args.seed
     )
-    x_train, y_train = trace_features(trace.subset(train_ids), encoder, config)
-    x_val, y_val = trace_features(trace.subset(val_ids), encoder, config)
-    predictor = ContinuationPredictor(config)
-    history = predictor.fit(x_train, y_train, x_val, y_val)
-    predictor.save(args.out)
-    p = predictor.predict_proba(x_val)
-    report = {
-        "validation_mcc": mcc(y_val, p > 0.5),
-        "validation_auc": roc_auc(y_val, p),
-        "best_epoch": history["best_epoch"],
-    }
-    (Path(args.out) / "training.json").write_text(json.dumps({**report, **history}, indent=2))
+    train_trace, val_trace = trace.subset(train_ids), trace.subset(val_ids)
+    for part, what in ((train_trace, "training"), (val_trace, "validation")):
+        if not part.requests:
+            raise ValueError(
+                f"{args.trace}: the {what} set is empty ({len(trace.conversations)} "
+                f"conversations, --validation-fraction {args.validation_fraction})"
+            )
+    if len({r.last_turn for r in train_trace.requests}) < 2:
+        raise ValueError(
+            f"{args.trace}: the training conversations need both continued and last turns"
+        )
+    _require("benchdata", "sentence_transformers", extra="reproduce", what="train-predictor")
+
+    out = Path(args.out)
+    with _output_folder(out, "the predictor") as folder:
+        # embeddings already cached in --out are reused; new ones are written with the rest
+        encoder = _sentence_encoder(out)
+        encoder.cache_path = folder / encoder.cache_path.name
+        config = PredictorConfig(
+            embedding_dim=encoder.dim, word_budget=MINILM_WORD_BUDGET, seed=args.seed
+        )
+        x_train, y_train = trace_features(train_trace, encoder, config)
+        x_val, y_val = trace_features(val_trace, encoder, config)
+        predictor = ContinuationPredictor(config)
+        history = predictor.fit(x_train, y_train, x_val, y_val)
+        predictor.save(folder)
+        p = predictor.predict_proba(x_val)
+        report = {
+            "validation_mcc": mcc(y_val, p > 0.5),
+            "validation_auc": roc_auc(y_val, p),
+            "best_epoch": history["best_epoch"],
+        }
+        (folder / "training.json").write_text(json.dumps({**report, **history}, indent=2))
     print(json.dumps(report))
     return 0
+
+
+def _policy(name: str, scale: float):
+    from lpc_cache.policies import make_policy
+
+    return make_policy(name, scale=scale) if name == "lpc" else make_policy(name)
 
 
 def _simulate(args) -> int:
     from lpc_cache.simulator import simulate, sweep
     from lpc_cache.trace import load_trace
 
+    names = [args.policy] if args.command == "simulate" else args.policies
+    predictor = None
+    if "lpc" in names:
+        if args.predictor is None:
+            raise cli.CommandError(
+                "the lpc policy needs --predictor DIR (see `lpc-cache train-predictor`)"
+            )
+        from lpc_cache.predictor import ContinuationPredictor
+
+        predictor = ContinuationPredictor.load(args.predictor)  # a bad file is named here
+    if args.command == "sweep":
+        _require("matplotlib", extra="reproduce", what="sweep (its plot)")
     trace = load_trace(args.trace)
+    probabilities = None
+    if predictor is not None:
+        _needs_user_text(trace, args.trace, "the lpc policy")
+        _require("benchdata", "sentence_transformers", extra="reproduce", what="the lpc policy")
+        probabilities = predictor.predict_trace(trace, _sentence_encoder(Path(args.predictor)))
+
     if args.command == "simulate":
-        probabilities = _probabilities(args, trace, [args.policy])
         result = simulate(
             trace,
             _policy(args.policy, args.scale),
@@ -168,33 +332,26 @@ def _simulate(args) -> int:
             for key, value in result.to_json().items():
                 print(f"{key}: {value}")
         return 0
-    names = [p.strip() for p in args.policies.split(",") if p.strip()]
-    try:
-        capacities = sorted(int(c) for c in args.capacities.split(","))
-    except ValueError:
-        raise SystemExit(
-            f"--capacities must be comma-separated integers, got {args.capacities!r}"
-        ) from None
-    probabilities = _probabilities(args, trace, names)
+
+    from kernels_common.plotting import plot_curves
+
+    capacities = sorted(args.capacities)
     factories = {n: (lambda n=n: _policy(n, args.scale)) for n in names}
     curves = sweep(
         trace, factories, capacities, block_size=args.block_size, probabilities=probabilities
     )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     data = {n: [r.to_json() for r in rs] for n, rs in curves.items()}
-    (out / "sweep.json").write_text(json.dumps(data, indent=2))
-    from kernels_common.plotting import plot_curves
-
-    plot_curves(
-        {n: (capacities, [r.hit_ratio for r in rs]) for n, rs in curves.items()},
-        out / "hit_ratio.png",
-        title=Path(args.trace).name,
-        xlabel="cache capacity (tokens)",
-        ylabel="token hit ratio",
-        logx=True,
-        markers=True,
-    )
+    with _output_folder(args.out, "the sweep") as folder:  # sweep.json and the plot together
+        (folder / "sweep.json").write_text(json.dumps(data, indent=2))
+        plot_curves(
+            {n: (capacities, [r.hit_ratio for r in rs]) for n, rs in curves.items()},
+            folder / "hit_ratio.png",
+            title=Path(args.trace).name,
+            xlabel="cache capacity (tokens)",
+            ylabel="token hit ratio",
+            logx=True,
+            markers=True,
+        )
     for n, rs in curves.items():
         print(n, " ".join(f"{r.hit_ratio:.3f}" for r in rs))
     return 0

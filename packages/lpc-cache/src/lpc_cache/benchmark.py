@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from kernels_common.bench import compare, hardware_description, measure
+from kernels_common.cli import atomic_folder
 from lpc_cache.predictor import ContinuationPredictor, PredictorConfig
 from lpc_cache.simulator import prepare, simulate
 from lpc_cache.trace import TraceConfig, sharegpt_trace
@@ -101,9 +102,8 @@ def run(out: str | Path | None = None, *, conversations: int = 2000, repeat: int
             rate = row["predictions_per_s"]
             lines.append(f"| predictor | batch {row['batch']} | {rate:,.0f} | - | - | - |")
     markdown = "\n".join(lines) + "\n\n" + "\n".join(tables)
-    if out is not None:
-        out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "bench_lpc_cache.json").write_text(json.dumps(rows, indent=2) + "\n")
-        (out / "bench_lpc_cache.md").write_text(markdown)
+    if out is not None:  # both files appear together or not at all
+        with atomic_folder(out) as folder:
+            (folder / "bench_lpc_cache.json").write_text(json.dumps(rows, indent=2) + "\n")
+            (folder / "bench_lpc_cache.md").write_text(markdown)
     return markdown

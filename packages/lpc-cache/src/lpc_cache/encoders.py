@@ -11,13 +11,31 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import zipfile
 import zlib
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
+from kernels_common.cli import atomic_file
+
 logger = logging.getLogger(__name__)
+
+
+def _read_cache(path: Path, dim: int) -> dict[str, np.ndarray]:
+    """The embeddings stored in ``path``; a damaged cache file is refused by name."""
+    try:
+        with path.open("rb") as file, np.load(file, allow_pickle=False) as stored:
+            keys, vectors = stored["keys"], stored["vectors"]
+            if keys.ndim != 1 or vectors.shape != (len(keys), dim):
+                raise ValueError(f"shapes {keys.shape} and {vectors.shape}, expected (N, {dim})")
+            return dict(zip(keys.tolist(), vectors, strict=True))
+    except (OSError, ValueError, TypeError, AttributeError, KeyError, EOFError,
+            zipfile.BadZipFile) as error:  # fmt: skip
+        raise ValueError(
+            f"{path} is not a readable embedding cache ({error}); delete it to embed again"
+        ) from None
 
 
 class TextEncoder(Protocol):
@@ -88,8 +106,7 @@ class SentenceEncoder:
         )
         self._cache: dict[str, np.ndarray] = {}
         if self.cache_path is not None and self.cache_path.exists():
-            with np.load(self.cache_path) as stored:
-                self._cache = dict(zip(stored["keys"].tolist(), stored["vectors"], strict=True))
+            self._cache = _read_cache(self.cache_path, self.dim)
 
     def _key(self, text: str) -> str:
         return hashlib.sha256(f"{self.name}\0{text}".encode()).hexdigest()
@@ -110,13 +127,13 @@ class SentenceEncoder:
                 )
             self._cache.update(zip(todo, vectors.astype(np.float32), strict=True))
             if self.cache_path is not None:
-                self.cache_path.parent.mkdir(parents=True, exist_ok=True)
                 stored = list(self._cache)
-                np.savez(
-                    self.cache_path,
-                    keys=np.array(stored),
-                    vectors=np.stack([self._cache[k] for k in stored]),
-                )
+                with atomic_file(self.cache_path) as temporary:  # never half a cache file
+                    np.savez(
+                        temporary,
+                        keys=np.array(stored),
+                        vectors=np.stack([self._cache[k] for k in stored]),
+                    )
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([self._cache[k] for k in keys]).astype(np.float32)

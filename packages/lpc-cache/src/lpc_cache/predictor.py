@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from kernels_common.cli import atomic_file, read_json
 from lpc_cache.encoders import TextEncoder
 from lpc_cache.trace import Trace
 
@@ -277,24 +278,57 @@ class ContinuationPredictor:
         return self.predict_proba(x)
 
     def save(self, directory: str | Path) -> Path:
+        """Write ``model.safetensors`` and ``config.json`` into ``directory``. Both are written
+        under temporary names first, so a failed save leaves no partial file."""
         from safetensors.torch import save_file
 
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        save_file(self.model.state_dict(), directory / "model.safetensors")
-        (directory / "config.json").write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+        config = json.dumps(asdict(self.config), indent=2) + "\n"
+        with (
+            atomic_file(directory / "model.safetensors") as weights,
+            atomic_file(directory / "config.json") as settings,
+        ):
+            save_file(self.model.state_dict(), weights)
+            settings.write_text(config)
         return directory
 
     @classmethod
     def load(cls, directory: str | Path) -> ContinuationPredictor:
+        """Read a predictor saved by :meth:`save`; a missing, truncated or foreign
+        ``config.json`` or ``model.safetensors`` raises an error that names the file."""
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         directory = Path(directory)
+        if not directory.is_dir():
+            raise FileNotFoundError(f"no predictor folder at {directory}")
         for name in ("config.json", "model.safetensors"):
             if not (directory / name).is_file():
                 raise FileNotFoundError(f"no predictor {name} in {directory}")
-        predictor = cls(PredictorConfig(**json.loads((directory / "config.json").read_text())))
-        predictor.model.load_state_dict(load_file(directory / "model.safetensors"))
+        config_path, weights_path = directory / "config.json", directory / "model.safetensors"
+        fields = read_json(config_path, "predictor config")
+        if not isinstance(fields, dict):
+            raise ValueError(f"{config_path}: expected a JSON object of PredictorConfig fields")
+        try:
+            config = PredictorConfig(**fields)
+        except TypeError as error:  # an unknown or missing field
+            raise ValueError(f"{config_path} is not a predictor config ({error})") from None
+        except ValueError as error:
+            raise ValueError(f"{config_path}: {error}") from None
+        try:
+            state = load_file(weights_path)
+        except SafetensorError as error:
+            raise ValueError(
+                f"{weights_path} is not a readable predictor weights file (truncated or not "
+                f"safetensors: {error})"
+            ) from None
+        predictor = cls(config)
+        try:
+            predictor.model.load_state_dict(state)
+        except RuntimeError as error:  # missing, unexpected or mis-shaped tensors
+            first = str(error).strip().splitlines()
+            detail = " ".join(line.strip() for line in first[1:3]) or first[0]
+            raise ValueError(f"{weights_path} does not match {config_path} ({detail})") from None
         predictor.model.eval()
         return predictor
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from kernels_common import Claim, ReproduceResults
+from kernels_common.cli import atomic_folder
 from kernels_common.report import write_summary
 from lpc_cache.encoders import MINILM_WORD_BUDGET, SentenceEncoder
 from lpc_cache.policies import make_policy
@@ -95,12 +96,18 @@ def _gains(caps: list[int], curves: dict, ours: str, base: str) -> dict:
 def run(
     out: str | Path, *, quick: bool = True, cache_dir: str | Path | None = None
 ) -> ReproduceResults:
-    """Run the experiment; write ``results.json``, ``hit_ratio.png`` and ``summary.md``."""
+    """Run the experiment; write ``results.json``, ``hit_ratio.png``, ``summary.md`` and
+    ``predictor/`` into ``out``. They are written into a temporary folder and moved into ``out``
+    only when the run succeeds, so a failed or interrupted run leaves ``out`` as it was."""
+    with atomic_folder(out) as folder:
+        return _run(folder, quick=quick, cache_dir=cache_dir)
+
+
+def _run(out: Path, *, quick: bool, cache_dir: str | Path | None) -> ReproduceResults:
     from kernels_common.plotting import plot_curves
 
     started = time.perf_counter()
     settings = QUICK if quick else FULL
-    out = Path(out)
     cache_dir = Path(
         cache_dir or os.environ.get("LPC_CACHE_DIR", Path.home() / ".cache" / "lpc-cache")
     )

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels_common.cli import atomic_file
+
 logger = logging.getLogger(__name__)
 
 _REQUIRED = {
@@ -245,10 +247,10 @@ def build_trace(
 
 
 def save_trace(trace: Trace, path: str | Path) -> Path:
-    """Write ``trace`` as JSONL (format in the module docstring)."""
+    """Write ``trace`` as JSONL (format in the module docstring). The file appears whole or not
+    at all: it is written under a temporary name and renamed."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as file:
+    with atomic_file(path) as temporary, temporary.open("w", encoding="utf-8") as file:
         for request in trace.requests:
             file.write(json.dumps(request.to_json(), ensure_ascii=False) + "\n")
     return path
@@ -298,11 +300,15 @@ def load_trace(path: str | Path) -> Trace:
         raise FileNotFoundError(f"no trace file at {path}")
     requests: list[Request] = []
     seen: dict[str, Request] = {}  # the latest request of each conversation
-    with path.open(encoding="utf-8") as file:
-        for number, line in enumerate(file, 1):
+    with path.open("rb") as file:
+        for number, raw in enumerate(file, 1):
+            where = f"{path}:{number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{where}: not UTF-8 text (is this a JSONL trace?)") from None
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
             request = _parse(line, where)
             if requests and request.time < requests[-1].time:
                 raise ValueError(f"{where}: time {request.time} is earlier than the line before")

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from kernels_common.cli import atomic_file
 from peft_zoo.config import AdapterConfig
 
 logger = logging.getLogger(__name__)
@@ -100,11 +101,12 @@ class PeftZooModel(nn.Module):
         )
 
     def save_pretrained(self, directory: str | Path) -> Path:
-        """Write ``adapter_config.json`` and ``adapter_model.safetensors`` (adapter only)."""
+        """Write ``adapter_config.json`` and ``adapter_model.safetensors`` (adapter only).
+
+        Both files are written under temporary names and renamed at the end, so a failed save
+        leaves no partial file (and does not create ``directory``)."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.adapter_state_dict().items()}
-        save_file(tensors, directory / WEIGHTS_NAME, metadata={"format": "pt"})
         meta = {
             "format_version": FORMAT_VERSION,
             "base_model_type": self.base_model.config.model_type,
@@ -112,7 +114,12 @@ class PeftZooModel(nn.Module):
             "config": self.peft_config.to_dict(),
             "state": self.extra_state(),
         }
-        (directory / CONFIG_NAME).write_text(json.dumps(meta, indent=2) + "\n")
+        with (
+            atomic_file(directory / WEIGHTS_NAME) as weights,
+            atomic_file(directory / CONFIG_NAME) as config,
+        ):
+            save_file(tensors, weights, metadata={"format": "pt"})
+            config.write_text(json.dumps(meta, indent=2) + "\n")
         logger.info("saved %d adapter tensors to %s", len(tensors), directory)
         return directory
 

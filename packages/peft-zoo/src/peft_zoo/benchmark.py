@@ -140,9 +140,11 @@ def run(device: str = "cpu", out: str | Path | None = None, repeat: int = 5) -> 
         for name, opt in optimizers.items()
     }
     report = Report(tables, state_bytes)
-    if out is not None:
-        out = Path(out)
-        for table, name in zip(tables, ("bench_adapters", "bench_optimizers"), strict=True):
-            table.save(out, name)
-        (out / "bench_peft_zoo.md").write_text(report.to_markdown())
+    if out is not None:  # every file appears together, or none does
+        from kernels_common.cli import atomic_folder
+
+        with atomic_folder(out) as folder:
+            for table, name in zip(tables, ("bench_adapters", "bench_optimizers"), strict=True):
+                table.save(folder, name)
+            (folder / "bench_peft_zoo.md").write_text(report.to_markdown())
     return report

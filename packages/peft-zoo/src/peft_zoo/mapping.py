@@ -3,12 +3,13 @@ saved adapter onto a base model."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
+from kernels_common.cli import read_json
 from peft_zoo.arch import architecture
 from peft_zoo.base import CONFIG_NAME, FORMAT_VERSION, WEIGHTS_NAME, PeftZooModel
 from peft_zoo.capt import CaPTModel
@@ -45,24 +46,55 @@ def get_peft_model(model: nn.Module, config: AdapterConfig, tokenizer=None) -> P
 
 
 def from_pretrained(model: nn.Module, directory: str | Path) -> PeftZooModel:
-    """Attach the adapter saved by ``save_pretrained(directory)`` to the base ``model``."""
+    """Attach the adapter saved by ``save_pretrained(directory)`` to the base ``model``.
+
+    A missing, truncated or foreign ``adapter_config.json`` or ``adapter_model.safetensors``, an
+    unknown format version or tensors that do not fit ``model`` raise ``FileNotFoundError`` /
+    ``ValueError`` naming the file.
+    """
     directory = Path(directory)
     config_path, weights_path = directory / CONFIG_NAME, directory / WEIGHTS_NAME
     for path in (config_path, weights_path):
         if not path.is_file():
             raise FileNotFoundError(f"no {path.name} in {directory}")
-    meta = json.loads(config_path.read_text())
+    meta = read_json(config_path, "adapter config")
+    if not isinstance(meta, dict):
+        raise ValueError(f"{config_path}: expected a JSON object, got {type(meta).__name__}")
     if meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(
-            f"adapter format_version {meta.get('format_version')!r}; this version reads "
-            f"{FORMAT_VERSION}"
+            f"{config_path}: adapter format_version {meta.get('format_version')!r}; this "
+            f"version reads {FORMAT_VERSION}"
         )
+    missing = [key for key in ("base_model_type", "config") if key not in meta]
+    if missing or not isinstance(meta["config"], dict):
+        raise ValueError(f"{config_path} is not an adapter config (missing {missing or 'config'})")
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if meta["base_model_type"] != model_type:
         raise ValueError(
-            f"adapter was saved for a {meta['base_model_type']!r} model, got {model_type!r}"
+            f"adapter was saved for a {meta['base_model_type']!r} model, got {model_type!r} "
+            f"({config_path})"
         )
-    wrapped = get_peft_model(model, config_from_dict(meta["config"]))
-    wrapped.load_adapter_tensors(load_file(weights_path))
-    wrapped.load_extra_state(meta.get("state", {}))
+    try:
+        config = config_from_dict(meta["config"])
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{config_path}: {error}") from None
+    try:
+        tensors = load_file(weights_path)
+    except SafetensorError as error:
+        raise ValueError(
+            f"{weights_path} is not a readable adapter weights file (truncated or not "
+            f"safetensors: {error})"
+        ) from None
+    wrapped = get_peft_model(model, config)
+    try:
+        wrapped.load_adapter_tensors(tensors)
+    except ValueError as error:
+        raise ValueError(f"{weights_path}: {error}") from None
+    state = meta.get("state", {})
+    if not isinstance(state, dict):
+        raise ValueError(f"{config_path}: adapter state must be a JSON object, got {state!r}")
+    try:
+        wrapped.load_extra_state(state)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{config_path}: bad adapter state {state!r} ({error})") from None
     return wrapped

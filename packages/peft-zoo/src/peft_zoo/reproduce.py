@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from kernels_common import Claim, ReproduceResults
+from kernels_common.cli import atomic_file, atomic_folder
 from kernels_common.report import write_summary
 from peft_zoo.data import arithmetic_problems, corrupt, lm_batch, qa_batch, sharegpt_replies
 from peft_zoo.models import load_model
@@ -137,10 +138,10 @@ def run(out: str | Path, *, quick: bool = True, model_name: str | None = None) -
 
     rows: dict[str, dict] = {}
     curves = {}
-    out.mkdir(parents=True, exist_ok=True)
 
-    def checkpoint() -> None:  # an interrupted run keeps what it measured
-        (out / "rows.json").write_text(json.dumps(rows, indent=1))
+    def checkpoint() -> None:  # an interrupted run keeps what it measured, never half a file
+        with atomic_file(out / "rows.json") as temporary:
+            temporary.write_text(json.dumps(rows, indent=1))
 
     for method in METHODS:  # (a) + (d)
         t0 = time.perf_counter()
@@ -179,6 +180,32 @@ def run(out: str | Path, *, quick: bool = True, model_name: str | None = None) -
             del learner
 
     cpu.lap("(c) noise")
+    with atomic_folder(out) as folder:  # the plots, results.json and summary.md appear together
+        return _finish(
+            folder,
+            plan,
+            rows,
+            curves,
+            cpu,
+            started,
+            quick,
+            base_params,
+            (base_ppl, base_forget, base_em),
+        )
+
+
+def _finish(
+    out: Path,
+    plan: Plan,
+    rows: dict,
+    curves: dict,
+    cpu: _CpuClock,
+    started: float,
+    quick: bool,
+    base_params: int,
+    base: tuple[float, float, float],
+) -> ReproduceResults:
+    base_ppl, base_forget, base_em = base
     figures = _plots(out, rows, curves, base_ppl)
     claims = _claims(plan, rows, base_params)
     summary = _summary(plan, rows, base_ppl, base_forget, base_em)
