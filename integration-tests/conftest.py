@@ -37,3 +37,13 @@ def import_names() -> list[str]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture
+def console_scripts() -> dict[str, str]:
+    """Every member's console script -> its target (``module:function``)."""
+    return {
+        name: target
+        for project in workspace_members()
+        for name, target in project.get("scripts", {}).items()
+    }
