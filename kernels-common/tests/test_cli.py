@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -264,3 +269,102 @@ def test_kernels_common_report_names_an_unreadable_results_file(tmp_path, capsys
     assert "unreadable results: pkg" in capsys.readouterr().err
     assert (tmp_path / "index.md").exists()
     assert Path(tmp_path / "index.md").read_text().count("malformed results") == 1
+
+
+def test_atomic_file_gets_the_mode_a_plain_write_would(tmp_path):
+    # mkstemp files are private (0600); an output must be as readable as one open() creates
+    umask = os.umask(0o022)
+    try:
+        with cli.atomic_file(tmp_path / "new.json") as temporary:
+            temporary.write_text("{}")
+        assert (tmp_path / "new.json").stat().st_mode & 0o777 == 0o644
+        shared = tmp_path / "shared.json"
+        shared.write_text("old")
+        shared.chmod(0o664)  # a replaced file keeps its own mode
+        with cli.atomic_file(shared) as temporary:
+            temporary.write_text("new")
+        assert shared.stat().st_mode & 0o777 == 0o664
+    finally:
+        os.umask(umask)
+
+
+def test_atomic_folder_into_an_existing_folder_stages_inside_it(tmp_path, monkeypatch):
+    # an existing --out may be a mount point or a symlink to another disk: the temporary must
+    # sit inside it (same file system), and the folder's other files stay
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("earlier run")
+    link = tmp_path / "link"
+    link.symlink_to(out)
+    with cli.atomic_folder(link) as temporary:
+        assert temporary.parent == out
+        (temporary / "law.json").write_text("{}")
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt", "law.json"]
+    assert link.is_symlink()
+
+
+def test_atomic_folder_keeps_finished_files_when_the_move_fails(tmp_path, monkeypatch):
+    def refuse(*args):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(cli.os, "rename", refuse)
+    with pytest.raises(OSError, match="finished files are kept in") as error_info:  # noqa: SIM117
+        with cli.atomic_folder(tmp_path / "new") as temporary:
+            (temporary / "weights.bin").write_bytes(b"hours of training")
+    assert (temporary / "weights.bin").read_bytes() == b"hours of training"
+    assert str(temporary) in str(error_info.value)
+
+
+def test_atomic_folder_gets_the_mode_a_plain_mkdir_would(tmp_path, monkeypatch):
+    # mkdtemp folders are private (0700); a new output folder must not be
+    monkeypatch.setattr(cli, "_UMASK", 0o022)
+    with cli.atomic_folder(tmp_path / "out") as temporary:
+        (temporary / "a.txt").write_text("x")
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o755
+
+
+def test_atomic_file_writes_through_a_symlink(tmp_path):
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    with cli.atomic_file(link) as temporary:
+        temporary.write_text("new")
+    assert link.is_symlink()
+    assert real.read_text() == "new"
+
+
+def test_sigterm_cleans_up_like_ctrl_c(tmp_path):
+    # `timeout` and batch schedulers send SIGTERM: the temporaries must not stay behind
+    script = (
+        "import os, signal, time\n"
+        "from kernels_common import cli\n"
+        "def handler(args):\n"
+        "    with cli.atomic_folder('out') as t:\n"
+        "        open(os.path.join(t, 'big.bin'), 'wb').write(b'x')\n"
+        "        print('ready', flush=True)\n"
+        "        time.sleep(60)\n"
+        "raise SystemExit(cli.run(cli.ArgumentParser(prog='t'), handler, []))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[1])}
+    with subprocess.Popen(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True
+    ) as process:
+        assert process.stdout.readline().strip() == "ready"
+        process.send_signal(signal.SIGTERM)
+        start = time.perf_counter()
+        assert process.wait(timeout=30) == 128 + signal.SIGTERM
+        assert time.perf_counter() - start < 30  # the 60 s sleep was cut short
+    assert list(tmp_path.iterdir()) == []  # no hidden temporary, no output folder
+
+
+def test_path_types_refuse_what_the_file_system_refuses():
+    # a name longer than the file system allows raises OSError inside Path.exists()
+    too_long = "a" * 300
+    for kind in (cli.existing_file, cli.existing_folder, cli.output_folder, cli.output_file):
+        _refuses(kind, f"{too_long}/x", "name too long")
+
+
+def test_describe_drops_the_errno_decoration():
+    assert cli.describe(OSError(28, "No space left on device")) == "no space left on device"
+    assert cli.describe(OSError(13, "Permission denied", "/x")) == "permission denied: /x"

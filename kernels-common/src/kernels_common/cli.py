@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -117,9 +120,12 @@ def user_error_types() -> tuple[type[BaseException], ...]:
 
 def describe(error: BaseException) -> str:
     """One line that says what was wrong, without Python's ``[Errno N]`` decoration."""
-    if isinstance(error, OSError) and error.strerror and error.filename is not None:
+    if isinstance(error, OSError) and error.strerror:
+        reason = error.strerror[:1].lower() + error.strerror[1:]
+        if error.filename is None:
+            return _one_line(reason)
         target = f"{error.filename} -> {error.filename2}" if error.filename2 else error.filename
-        return _one_line(f"{error.strerror.lower()}: {target}")
+        return _one_line(f"{reason}: {target}")
     text = str(error).strip()
     if isinstance(error, KeyError | TypeError) and len(error.args) == 1:
         text = str(error.args[0])
@@ -139,7 +145,8 @@ def run(
     args = parser.parse_args(argv)
     debug = bool(getattr(args, "debug", False))
     try:
-        code = handler(args)
+        with _terminate_as_exit():
+            code = handler(args)
     except KeyboardInterrupt:
         if debug:
             raise
@@ -151,6 +158,24 @@ def run(
         print(f"{parser.prog}: error: {describe(error)}", file=sys.stderr)
         return 2
     return 0 if code is None else int(code)
+
+
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """SIGTERM (``timeout``, a batch scheduler's pre-emption) raises ``SystemExit(143)``, so
+    ``finally`` blocks run and no temporary output is left behind, as on Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _one_line(text: str) -> str:
@@ -232,6 +257,21 @@ def int_list(item: Callable[[str], int] = positive_int) -> Callable[[str], list[
     return parse
 
 
+def _path_type(check: Callable[[str], Path]) -> Callable[[str], Path]:
+    """``check``, with an ``OSError`` of the file system (a name too long, a folder that may not
+    be listed) refused like any other bad path instead of escaping argparse as a traceback."""
+
+    @functools.wraps(check)
+    def checked(text: str) -> Path:
+        try:
+            return check(text)
+        except OSError as error:
+            raise argparse.ArgumentTypeError(f"{describe(error)} ({text[:80]})") from None
+
+    return checked
+
+
+@_path_type
 def existing_file(text: str) -> Path:
     """A path to a file that exists and can be read."""
     path = Path(text)
@@ -244,6 +284,7 @@ def existing_file(text: str) -> Path:
     return path
 
 
+@_path_type
 def existing_folder(text: str) -> Path:
     """A path to a folder that exists."""
     path = Path(text)
@@ -269,6 +310,7 @@ def _writable_ancestor(path: Path, original: str) -> None:
         ) from None
 
 
+@_path_type
 def output_folder(text: str) -> Path:
     """A folder that exists and is writable, or can be created (checked now, created later)."""
     path = Path(text)
@@ -278,6 +320,7 @@ def output_folder(text: str) -> Path:
     return path
 
 
+@_path_type
 def output_file(text: str) -> Path:
     """A file that can be written: not a folder, its folder writable or creatable."""
     path = Path(text)
@@ -358,12 +401,28 @@ def _existing_ancestor(folder: Path) -> Path:
     return folder
 
 
+def _read_umask() -> int:
+    umask = os.umask(0o022)  # read once, at import: os.umask can only be read by setting it
+    os.umask(umask)
+    return umask
+
+
+_UMASK = _read_umask()
+
+
+def _mode_of(path: Path) -> int:
+    """The mode a file written at ``path`` gets: the replaced file's, else 0666 less the umask."""
+    with contextlib.suppress(OSError):
+        return path.stat().st_mode & 0o7777
+    return 0o666 & ~_UMASK
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` (same suffix, so writers that look at it still
     work); on success it replaces ``path`` in one rename (missing folders are created only then),
     on failure it is removed."""
-    path = Path(path)
+    path = Path(os.path.realpath(path))  # a symlinked output is written through its link
     handle, name = tempfile.mkstemp(
         dir=_existing_ancestor(path.parent), prefix=f".{path.name}.", suffix=path.suffix
     )
@@ -372,6 +431,8 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         yield temporary
         path.parent.mkdir(parents=True, exist_ok=True)
+        # mkstemp makes a private (0600) file: give it the mode a plain open() would have
+        os.chmod(temporary, _mode_of(path))
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
@@ -380,19 +441,38 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def atomic_folder(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield an empty temporary folder beside ``path``; on success its files move into ``path``
-    (created, with its parents, only then; each file by one rename, replacing a file of the same
-    name), on failure it is removed and ``path`` is left as it was: nothing new is created."""
-    path = Path(path)
-    temporary = Path(tempfile.mkdtemp(dir=_existing_ancestor(path.parent), prefix=f".{path.name}."))
+    """Yield an empty temporary folder; on success its contents become ``path``'s.
+
+    A ``path`` that does not exist appears in one rename (its parents created only then); the
+    temporary sits beside it, on the same file system. Into an existing folder (a mount point, a
+    symlink to another disk) the temporary is made inside it, and each file moves in by one
+    rename, replacing a file of the same name and leaving the folder's other files alone. On
+    failure the temporary is removed and ``path`` is left as it was. Should moving the finished
+    files fail, the temporary is kept and the error names it: finished work is never deleted.
+    """
+    path = Path(os.path.realpath(path))
+    into_existing = path.is_dir()
+    parent = path if into_existing else _existing_ancestor(path.parent)
+    temporary = Path(tempfile.mkdtemp(dir=parent, prefix=f".{path.name}."))
     try:
         yield temporary
-        path.mkdir(parents=True, exist_ok=True)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    try:
+        os.chmod(temporary, 0o777 & ~_UMASK)  # mkdtemp makes it private (0700)
+        if not path.exists():  # (re-checked: the body may have created it meanwhile)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(temporary, path)
+            return
         for item in sorted(temporary.rglob("*")):
             target = path / item.relative_to(temporary)
             if item.is_dir():
                 target.mkdir(exist_ok=True)
             else:
                 os.replace(item, target)
-    finally:
-        shutil.rmtree(temporary, ignore_errors=True)
+        shutil.rmtree(temporary)
+    except OSError as error:
+        raise OSError(
+            error.errno, f"{error.strerror}; the finished files are kept in {temporary}", str(path)
+        ) from error

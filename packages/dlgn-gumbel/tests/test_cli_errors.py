@@ -96,7 +96,8 @@ def _copy(checkpoint: Path, target: Path) -> Path:
         ("--dataset", "cifar", "an unknown dataset"),
     ],
 )
-def test_train_refuses_a_bad_option(tmp_path, capsys, option, value, why):
+def test_train_refuses_a_bad_option(tmp_path, capsys, monkeypatch, option, value, why):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the test sessions set it
     out = tmp_path / "out"
     argv = ["train", "--dataset", "digits", "--out", str(out), *TINY, option, value]
     _refused(capsys, argv, option, value)
@@ -278,7 +279,7 @@ def test_a_failed_first_checkpoint_leaves_no_folder(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(trainer, "save_file", full_disk)
     out = tmp_path / "run"
     line = _refused(capsys, ["train", "--dataset", "digits", "--out", str(out), *TINY],
-                    "no space left", progress=True)  # fmt: skip
+                    "No space left", progress=True)  # fmt: skip
     assert line.endswith(str(out))  # the output folder is named, not a temporary one
     _nothing_in(tmp_path)
 
@@ -295,7 +296,7 @@ def test_a_failed_compiled_save_leaves_no_folder(tmp_path, capsys, checkpoint, m
 
     monkeypatch.setattr(dlgn_gumbel.compiled, "save_file", then_fail)
     args = ["compile", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "c")]
-    _refused(capsys, [*args, "--engine", "numpy"], "no space left")
+    _refused(capsys, [*args, "--engine", "numpy"], "No space left")
     _nothing_in(tmp_path)
 
 
@@ -332,3 +333,10 @@ def test_debug_shows_the_traceback(tmp_path):
         main(["train", "--dataset", "digits", "--out", str(tmp_path / "x"), *TINY, "--resume",
               "--debug"])  # fmt: skip
     assert not os.listdir(tmp_path)
+
+
+def test_an_absurd_depth_is_refused_before_it_is_built(tmp_path, capsys):
+    # 8000x10^20 would overflow (or build a tuple of 10^9 widths for 8000x10^9)
+    argv = ["train", "--dataset", "digits", "--out", str(tmp_path / "out"), "--layers"]
+    for depth in ("100000000000000000000", "1000000000"):
+        _refused(capsys, [*argv, f"8000x{depth}"], "--layers", "at most 10000 layers")

@@ -229,11 +229,14 @@ def test_damaged_checkpoints_are_refused(tmp_path):
     save_checkpoint(model, tmp_path, {"name": "resnet20", "num_classes": 10, "in_channels": 1,
                                       "kwargs": {"width": 4}})  # fmt: skip
     (tmp_path / "model.safetensors").write_bytes(b"\0" * 20)
-    with pytest.raises(ValueError, match="not a readable safetensors file"):
+    with pytest.raises(ValueError, match="not a readable multibit-quant checkpoint"):
         load_checkpoint(tmp_path)
     (tmp_path / "config.json").write_text('{"format_version": 1}')
     with pytest.raises(ValueError, match="lacks"):
         load_checkpoint(tmp_path)
     (tmp_path / "config.json").write_text("{")
+    with pytest.raises(ValueError, match="truncated"):
+        load_checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text("format_version = 1")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_checkpoint(tmp_path)

@@ -13,6 +13,7 @@ from kernels_common import cli
 
 _DATASETS = ("fashion-mnist", "mnist-5k", "digits")
 _BACKENDS = ("auto", "reference", "triton", "interpreter")
+_MAX_DEPTH = 10_000  # a sanity bound on "WIDTHxDEPTH": far beyond any trainable depth
 _MAX_SEED = 2**40  # the batch and noise seeds (seed * 1_000_003 + epoch) must fit torch's range
 
 
@@ -20,8 +21,12 @@ def _layers(text: str) -> tuple[int, ...]:
     """``8000x4`` (width x depth) or ``8000,8000,4000``, every width >= 1."""
     try:
         if "x" in text:
-            width, depth = text.split("x")
-            sizes = (int(width),) * int(depth)
+            width, depth = (int(v) for v in text.split("x"))
+            if depth > _MAX_DEPTH:  # before a tuple of that length is built
+                raise argparse.ArgumentTypeError(
+                    f"at most {_MAX_DEPTH} layers, got {depth} in {text!r}"
+                )
+            sizes = (width,) * depth
         else:
             sizes = tuple(int(s) for s in text.split(","))
     except ValueError:

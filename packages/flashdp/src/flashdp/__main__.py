@@ -32,7 +32,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "reproduce":
         from flashdp.reproduce import run
 
-        results = run(args.out, quick=args.quick)
+        with cli.atomic_folder(args.out) as staging:  # the results appear whole, or not at all
+            results = run(staging, quick=args.quick)
         logging.getLogger("flashdp").info(
             "results in %s (all claims pass: %s)", args.out, results.passed
         )

@@ -267,9 +267,9 @@ def _train(args) -> int:
 
     out = Path(args.out)
     with _output_folder(out, "the predictor") as folder:
-        # embeddings already cached in --out are reused; new ones are written with the rest
+        # the embedding cache stays in --out (each write atomic), so the embeddings a failed run
+        # computed are reused by the next one
         encoder = _sentence_encoder(out)
-        encoder.cache_path = folder / encoder.cache_path.name
         config = PredictorConfig(
             embedding_dim=encoder.dim, word_budget=MINILM_WORD_BUDGET, seed=args.seed
         )

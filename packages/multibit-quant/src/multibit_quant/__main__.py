@@ -139,10 +139,10 @@ def _train(args: argparse.Namespace) -> int:
         switch_batchnorm(model)
     result = train_multibit(model, train, config)
     accuracy = evaluate(model, test, evaluate_bits)
-    args.out.mkdir(parents=True, exist_ok=True)
-    save_checkpoint(model, args.out, architecture, train.normalization)
     report = {"accuracy": accuracy, **result.to_dict()}
-    (args.out / "train.json").write_text(json.dumps(report, indent=2) + "\n")
+    save_checkpoint(model, args.out, architecture, train.normalization)
+    with cli.atomic_file(args.out / "train.json") as temporary:
+        temporary.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({"accuracy": accuracy, "seconds": round(result.seconds, 1)}, indent=2))
     return 0
 
@@ -191,7 +191,8 @@ def _export(args: argparse.Namespace) -> int:
 def _reproduce(args: argparse.Namespace) -> int:
     from multibit_quant.reproduce import run
 
-    results = run(args.out, quick=args.quick)
+    with cli.atomic_folder(args.out) as staging:  # the results appear whole, or not at all
+        results = run(staging, quick=args.quick)
     print(json.dumps({c.name: c.measured for c in results.claims}, indent=2))
     return 0
 

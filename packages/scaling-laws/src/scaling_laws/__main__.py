@@ -397,7 +397,8 @@ def _run_diloco(args: argparse.Namespace) -> int:
 def _run_reproduce(args: argparse.Namespace) -> int:
     from scaling_laws.reproduce import run
 
-    results = run(args.out, quick=args.quick)
+    with cli.atomic_folder(args.out) as staging:  # the results appear whole, or not at all
+        results = run(staging, quick=args.quick)
     logger.info("results in %s (all claims pass: %s)", args.out, results.passed)
     return 0
 

@@ -34,7 +34,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     from tfla_mlstm.reproduce import reproduce
 
-    results = reproduce(args.out, quick=args.quick)
+    with cli.atomic_folder(args.out) as staging:  # the results appear whole, or not at all
+        results = reproduce(staging, quick=args.quick)
     for claim in results.claims:
         logging.getLogger("tfla_mlstm").info(
             "%s: measured %.4f %s (%s)", claim.name, claim.measured, claim.unit,
