@@ -193,6 +193,11 @@ def test_read_safetensors_names_a_truncated_or_foreign_file(tmp_path):
     path = tmp_path / "w.safetensors"
     save_file({"w": torch.arange(6.0)}, str(path))
     assert torch.equal(cli.read_safetensors(path)["w"], torch.arange(6.0))
+    as_numpy = cli.read_safetensors(path, framework="numpy")["w"]
+    assert type(as_numpy).__module__ == "numpy"
+    assert as_numpy.tolist() == list(range(6))
+    with pytest.raises(ValueError, match="framework must be"):
+        cli.read_safetensors(path, framework="jax")
     whole = path.read_bytes()
     (tmp_path / "cut.safetensors").write_bytes(whole[: len(whole) - 5])
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file at all")
@@ -368,3 +373,31 @@ def test_path_types_refuse_what_the_file_system_refuses():
 def test_describe_drops_the_errno_decoration():
     assert cli.describe(OSError(28, "No space left on device")) == "no space left on device"
     assert cli.describe(OSError(13, "Permission denied", "/x")) == "permission denied: /x"
+
+
+def test_assert_refused_fails_unless_the_refusal_is_one_clean_line(tmp_path, capsys):
+    from kernels_common.testing import assert_refused
+
+    def tool(argv):
+        return cli.run(_parser(), lambda args: None, argv)
+
+    line = assert_refused(tool, ["go", "--steps", "0"], capsys, "tool", "'0'", unchanged=tmp_path)
+    assert line.startswith("tool go: error:")
+
+    def accepts(argv):  # exit 0: not a refusal
+        return 0
+
+    def two_lines(argv):
+        print("tool: error: one\nmore", file=sys.stderr)
+        return 2
+
+    def writes(argv):
+        (tmp_path / "half.json").write_text("{")
+        print("tool: error: late", file=sys.stderr)
+        return 2
+
+    for main, argv in ((accepts, []), (two_lines, []), (writes, [])):
+        with pytest.raises(AssertionError):
+            assert_refused(main, argv, capsys, "tool", unchanged=tmp_path)
+    with pytest.raises(AssertionError):  # the line does not name the bad value
+        assert_refused(tool, ["go", "--steps", "0"], capsys, "tool", "'-5'")

@@ -373,12 +373,20 @@ def read_json(path: str | os.PathLike[str], what: str = "JSON file") -> Any:
                          f"line {error.lineno} column {error.colno})") from None  # fmt: skip
 
 
-def read_safetensors(path: str | os.PathLike[str], what: str = "weights file") -> dict[str, Any]:
-    """Every tensor in a ``.safetensors`` file; a missing, truncated or foreign file raises a
-    ``ValueError`` / ``FileNotFoundError`` that names it."""
+def read_safetensors(
+    path: str | os.PathLike[str], what: str = "weights file", *, framework: str = "pt"
+) -> dict[str, Any]:
+    """Every tensor in a ``.safetensors`` file, as torch tensors (``framework="pt"``) or numpy
+    arrays (``"numpy"``); a missing, truncated or foreign file raises a ``ValueError`` /
+    ``FileNotFoundError`` that names it."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
+    if framework == "pt":
+        from safetensors.torch import load_file
+    elif framework == "numpy":
+        from safetensors.numpy import load_file
+    else:
+        raise ValueError(f"framework must be 'pt' or 'numpy', got {framework!r}")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} not found: {path}")

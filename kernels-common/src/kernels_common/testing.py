@@ -442,3 +442,46 @@ def import_footprint(code: str, watch: Iterable[str] = ("triton",)) -> dict[str,
     if result.returncode != 0:
         raise RuntimeError(f"the import probe failed:\n{result.stderr}")
     return json.loads(result.stdout.splitlines()[-1])
+
+
+def _tree(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*"))}
+
+
+def assert_refused(
+    main: Callable[[list[str]], int | None],
+    argv: list[str],
+    capsys: Any,
+    program: str,
+    *expect: str,
+    unchanged: Path | None = None,
+    other_lines: Callable[[str], bool] | None = None,
+) -> str:
+    """Run a command line's ``main(argv)`` and check that it refused the input the
+    :mod:`kernels_common.cli` way; return the error line.
+
+    It must exit with code 2 (from the parser or from ``cli.run``) and write exactly one stderr
+    line, ``<program>[ <sub-command>]: error: …``, containing every ``expect`` string, with no
+    traceback. ``unchanged``: a folder in which nothing may be created, removed or resized.
+    ``other_lines``: stderr lines to pass over (a progress bar drawn before a late refusal).
+    """
+    before = None if unchanged is None else _tree(unchanged)
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as exit_info:  # the parser's refusals exit from parse_args
+        code = exit_info.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    if other_lines is not None:
+        lines = [line for line in lines if not other_lines(line)]
+    assert code == 2, err
+    assert "Traceback" not in err, err
+    assert len(lines) == 1, err
+    assert lines[0].startswith(program), lines[0]
+    assert ": error: " in lines[0], lines[0]
+    for text in expect:
+        assert text in lines[0], lines[0]
+    if before is not None:
+        assert _tree(unchanged) == before, "a refused command changed files"
+    return lines[0]

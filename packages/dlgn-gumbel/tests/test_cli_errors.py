@@ -12,6 +12,7 @@ import pytest
 
 from dlgn_gumbel.__main__ import main
 from dlgn_gumbel.train import TrainConfig, train
+from kernels_common.testing import assert_refused
 
 PROG = "dlgn-gumbel"
 TINY = ["--layers", "100x2", "--steps", "4", "--eval-every", "2", "--batch-size", "32",
@@ -19,25 +20,11 @@ TINY = ["--layers", "100x2", "--steps", "4", "--eval-every", "2", "--batch-size"
 
 
 def _refused(capsys, argv, *expect: str, progress: bool = False) -> str:
-    """Run ``main(argv)``; it must exit 2 with exactly one ``dlgn-gumbel...: error:`` line that
-    contains every ``expect`` string, and no traceback. ``progress``: a run that failed while
-    training may also have drawn its progress bar (lines of its own, ended before the error)."""
-    try:
-        code = main(argv)
-    except SystemExit as exit_info:  # a parser refusal
-        code = exit_info.code
-    captured = capsys.readouterr()
-    lines = [line for line in captured.err.splitlines() if line.strip()]
-    if progress:
-        lines = [line for line in lines if not line.startswith(("gumbel:", "softmax:"))]
-    assert code == 2, captured.err
-    assert len(lines) == 1, captured.err
-    assert lines[0].startswith(PROG), lines[0]
-    assert ": error:" in lines[0], lines[0]
-    assert "Traceback" not in captured.err
-    for text in expect:
-        assert text in lines[0], lines[0]
-    return lines[0]
+    """``main(argv)`` refuses in one ``dlgn-gumbel...: error:`` line holding every ``expect``.
+    ``progress``: a run that failed while training may also have drawn its progress bar (lines
+    of its own, ended before the error)."""
+    bar = (lambda line: line.startswith(("gumbel:", "softmax:"))) if progress else None
+    return assert_refused(main, argv, capsys, PROG, *expect, other_lines=bar)
 
 
 def _nothing_in(folder: Path, *allowed: str) -> None:

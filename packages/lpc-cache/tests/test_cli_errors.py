@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import lpc_cache
+from kernels_common.testing import assert_refused
 from lpc_cache import __main__ as cli_main
 from lpc_cache.__main__ import main
 
@@ -48,28 +49,9 @@ def work(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _snapshot(root: Path) -> dict:
-    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*"))}
-
-
 def refused(argv, capsys, root: Path) -> str:
-    """Run ``main(argv)``; check exit code 2, one ``lpc-cache...: error:`` line, no traceback, and
-    that nothing was written under ``root``; return the line."""
-    before = _snapshot(root)
-    capsys.readouterr()
-    try:
-        code = main(argv)
-    except SystemExit as exit_info:  # the parser's refusals exit from parse_args
-        code = exit_info.code
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("lpc-cache"), err
-    assert ": error: " in lines[0], err
-    assert "Traceback" not in err
-    assert _snapshot(root) == before, "a refused run wrote something"
-    return lines[0]
+    """``main(argv)`` refuses in one ``lpc-cache...: error:`` line, writing nothing in ``root``."""
+    return assert_refused(main, argv, capsys, "lpc-cache", unchanged=root)
 
 
 SIM = ["simulate", "--trace", "t.jsonl", "--policy", "lru", "--capacity-tokens", "1000"]

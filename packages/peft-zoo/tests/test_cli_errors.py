@@ -13,6 +13,7 @@ from helpers import tiny_model
 import peft_zoo as pz
 import peft_zoo.base
 import peft_zoo.models
+from kernels_common.testing import assert_refused
 from peft_zoo.__main__ import main
 
 
@@ -24,28 +25,9 @@ def work(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _snapshot(root: Path) -> dict:
-    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*"))}
-
-
 def refused(argv, capsys, root: Path) -> str:
-    """Run ``main(argv)``; check exit code 2, one ``peft-zoo...: error:`` line, no traceback and
-    nothing written under ``root``; return the line."""
-    before = _snapshot(root)
-    capsys.readouterr()
-    try:
-        code = main(argv)
-    except SystemExit as exit_info:  # the parser's refusals exit from parse_args
-        code = exit_info.code
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("peft-zoo"), err
-    assert ": error: " in lines[0], err
-    assert "Traceback" not in err
-    assert _snapshot(root) == before, "a refused run wrote something"
-    return lines[0]
+    """``main(argv)`` refuses in one ``peft-zoo...: error:`` line and writes nothing in ``root``."""
+    return assert_refused(main, argv, capsys, "peft-zoo", unchanged=root)
 
 
 TRAIN = ["train", "--method", "capt", "--model", "tiny", "--task", "arithmetic"]

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import scaling_laws as sl
+from kernels_common.testing import assert_refused
 from scaling_laws import schedules
 from scaling_laws.__main__ import main
 
@@ -22,24 +23,8 @@ TINY = ["--steps", "4", "--inner-steps", "2", "--warmup-steps", "1", "--width", 
 TINY += ["--batch-size", "2", "--seq-len", "16"]
 
 
-def _run(argv: list[str]) -> int:
-    try:
-        return main(argv)
-    except SystemExit as exit_info:  # a parser error exits from parse_args
-        return exit_info.code
-
-
 def _refused(capsys, argv: list[str], expect: str) -> str:
-    code = _run(argv)
-    captured = capsys.readouterr()
-    lines = [line for line in captured.err.splitlines() if line.strip()]
-    assert code == 2, captured.err
-    assert len(lines) == 1, captured.err
-    assert lines[0].startswith("scaling-laws"), lines[0]
-    assert ": error: " in lines[0], lines[0]
-    assert expect in lines[0], lines[0]
-    assert "Traceback" not in captured.err
-    return lines[0]
+    return assert_refused(main, argv, capsys, "scaling-laws", expect)
 
 
 def _curve_csv(path: Path, lrs: np.ndarray, losses: np.ndarray | None = None) -> Path:

@@ -27,8 +27,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 from dlgn_gumbel.discrete import DiscreteLayer, alive_masks, discretize
 from dlgn_gumbel.gates import GATE_TRUTH_TABLES
@@ -272,13 +271,7 @@ class CompiledLogicNet:
             raise ValueError(f"{config_path} is not a compiled network config (not a JSON object)")
         if config.get("format") != _FORMAT:
             raise ValueError(f"{config_path}: format {config.get('format')!r}, expected {_FORMAT}")
-        try:
-            tensors = load_file(str(weights_path))
-        except SafetensorError as error:
-            raise ValueError(
-                f"{weights_path} is not a readable compiled network (truncated or not "
-                f"safetensors: {error})"
-            ) from None
+        tensors = cli.read_safetensors(weights_path, "compiled network", framework="numpy")
         try:
             layers = tuple(
                 DiscreteLayer(

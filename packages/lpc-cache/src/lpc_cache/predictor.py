@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from kernels_common.cli import atomic_file, read_json
+from kernels_common.cli import atomic_file, read_json, read_safetensors
 from lpc_cache.encoders import TextEncoder
 from lpc_cache.trace import Trace
 
@@ -296,8 +296,6 @@ class ContinuationPredictor:
     def load(cls, directory: str | Path) -> ContinuationPredictor:
         """Read a predictor saved by :meth:`save`; a missing, truncated or foreign
         ``config.json`` or ``model.safetensors`` raises an error that names the file."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
 
         directory = Path(directory)
         if not directory.is_dir():
@@ -315,13 +313,7 @@ class ContinuationPredictor:
             raise ValueError(f"{config_path} is not a predictor config ({error})") from None
         except ValueError as error:
             raise ValueError(f"{config_path}: {error}") from None
-        try:
-            state = load_file(weights_path)
-        except SafetensorError as error:
-            raise ValueError(
-                f"{weights_path} is not a readable predictor weights file (truncated or not "
-                f"safetensors: {error})"
-            ) from None
+        state = read_safetensors(weights_path, "predictor weights file")
         predictor = cls(config)
         try:
             predictor.model.load_state_dict(state)

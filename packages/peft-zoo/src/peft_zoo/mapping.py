@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import nn
 
-from kernels_common.cli import read_json
+from kernels_common.cli import read_json, read_safetensors
 from peft_zoo.arch import architecture
 from peft_zoo.base import CONFIG_NAME, FORMAT_VERSION, WEIGHTS_NAME, PeftZooModel
 from peft_zoo.capt import CaPTModel
@@ -78,13 +76,7 @@ def from_pretrained(model: nn.Module, directory: str | Path) -> PeftZooModel:
         config = config_from_dict(meta["config"])
     except (TypeError, ValueError) as error:
         raise ValueError(f"{config_path}: {error}") from None
-    try:
-        tensors = load_file(weights_path)
-    except SafetensorError as error:
-        raise ValueError(
-            f"{weights_path} is not a readable adapter weights file (truncated or not "
-            f"safetensors: {error})"
-        ) from None
+    tensors = read_safetensors(weights_path, "adapter weights file")
     wrapped = get_peft_model(model, config)
     try:
         wrapped.load_adapter_tensors(tensors)
