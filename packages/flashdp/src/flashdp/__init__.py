@@ -27,7 +27,7 @@ from flashdp.config import PrivacyConfig
 from flashdp.controller import DPController
 from flashdp.layers import DPConv1D, DPEmbedding, DPLayer, DPLayerNorm, DPLinear, DPRMSNorm
 from flashdp.private import get_controller, make_private
-from flashdp.sampling import PoissonLoader, PoissonSampler
+from flashdp.sampling import DistributedPoissonSampler, PoissonLoader, PoissonSampler
 
 try:
     __version__ = _metadata.version("flashdp")
@@ -43,6 +43,7 @@ __all__ = [
     "DPLayerNorm",
     "DPLinear",
     "DPRMSNorm",
+    "DistributedPoissonSampler",
     "PoissonLoader",
     "PoissonSampler",
     "PrivacyConfig",

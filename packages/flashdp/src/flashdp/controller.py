@@ -24,6 +24,7 @@ from torch import nn
 from flashdp.accountant import RDPAccountant
 from flashdp.clipping import Contribution, clip_coefficients
 from flashdp.config import PrivacyConfig
+from flashdp.distributed import GroupSync, active_ddp, attach_ddp, is_fsdp
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +120,9 @@ class DPController:
         self._examples = 0
         self._pass: _Pass | None = None
         self._accumulating = False
+        self._batch_open = False  # something was gathered for the current logical batch
+        self._sync: GroupSync | None = None  # set when the model runs under DDP
+        self._reported = False  # this rank took part in the current batch's collective
         self._model: weakref.ref[nn.Module] | None = None
         self.fallback_modules: tuple[str, ...] = ()  # set by make_private
 
@@ -132,10 +136,32 @@ class DPController:
 
         def check(module: nn.Module, args: object) -> None:
             if torch.is_grad_enabled():
+                self._check_distributed(module)
                 self._check_parameters()
                 refuse_batch_norm_in_training(module, "the private model")
 
         model.register_forward_pre_hook(check)
+
+    def attach(self, ddp: nn.parallel.DistributedDataParallel) -> None:
+        """Reduce the clipped gradients over the ranks of ``ddp``, the
+        :class:`~torch.nn.parallel.DistributedDataParallel` module around this private model
+        (done by the model's first forward inside ``ddp``, or by :func:`flashdp.make_private`
+        when given the DDP module); see :mod:`flashdp.distributed`."""
+        if self._sync is None:
+            attach_ddp(self, ddp)
+
+    def _check_distributed(self, model: nn.Module) -> None:
+        if is_fsdp(model):
+            raise NotImplementedError(
+                "this private model is sharded with FSDP2 (fully_shard), which flashdp does not "
+                "support yet: the DP layers' clipped sums would bypass its reduce-scatter. Use "
+                "DistributedDataParallel (per-layer or flat clipping)"
+            )
+        ddp = active_ddp()
+        if ddp is not None and any(m is model for m in ddp.module.modules()):
+            self.attach(ddp)
+        if self._sync is not None and ddp is not None:
+            self._sync.sync_next = ddp.require_backward_grad_sync
 
     def _check_parameters(self) -> None:
         model = None if self._model is None else self._model()
@@ -179,6 +205,8 @@ class DPController:
                     "batch was discarded: leave the block and start the batch again"
                 )
         if self._pass is None:
+            if not self._batch_open and not self._accumulating:
+                self._open_batch()
             self._pass = _Pass(batch_size, layer, graph_task)
             torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
         current = self._pass
@@ -251,8 +279,15 @@ class DPController:
             for contribution in current.pending:
                 self._add(contribution.name, contribution.clipped_sum(coef))
         self._examples += current.batch_size
-        if not self._accumulating:
-            self._release()
+        if self._accumulating:
+            return
+        if self._sync is not None:
+            if not self._sync.sync_next:
+                return  # inside ddp.no_sync(): released with the next synchronised backward
+            # after DDP's own end-of-backward callback, which writes its buckets to .grad
+            torch.autograd.Variable._execution_engine.queue_callback(self._release)
+            return
+        self._release()
 
     # -- logical batches --------------------------------------------------------------------------
 
@@ -271,6 +306,14 @@ class DPController:
         """
         if self._accumulating:
             raise RuntimeError("accumulate() is already active; it does not nest")
+        if self._pass is not None:
+            self.abort()  # a backward pass that raised before its end: its batch is discarded
+        elif self._batch_open:
+            raise RuntimeError(
+                "a logical batch is already open (backward passes inside ddp.no_sync() not yet "
+                "released): finish it with a backward outside no_sync() before accumulate()"
+            )
+        self._open_batch()
         self._accumulating = True
         try:
             yield
@@ -282,15 +325,53 @@ class DPController:
         finally:
             self._accumulating = False
 
+    def _open_batch(self) -> None:
+        self._batch_open = True
+        self._reported = False
+
     def abort(self) -> None:
-        """Discard everything gathered for the current logical batch (nothing is released)."""
+        """Discard everything gathered for the current logical batch (nothing is released).
+
+        Under DDP the batch is discarded on every rank: this rank takes part in the batch's
+        collective with a failure flag, and the other ranks' release raises."""
         self._pass = None
         self._sums.clear()
         self._examples = 0
+        self._batch_open = False
+        if self._sync is not None and not self._reported:
+            self._reported = True
+            self._sync.agree(0, self.steps, failed=True)
+
+    def _agree(self) -> int:
+        """The number of examples in the logical batch on all ranks (checks that no rank
+        failed and all are at the same batch)."""
+        if self._sync is None:
+            return self._examples
+        if self._reported:
+            self.abort()
+            raise RuntimeError(
+                "this logical batch was already discarded on every rank (a backward pass in it "
+                "failed, or abort() was called); leave the accumulate() block and start the "
+                "batch again"
+            )
+        self._reported = True
+        try:
+            examples, failures = self._sync.agree(self._examples, self.steps, failed=False)
+        except BaseException:
+            self.abort()
+            raise
+        if failures:
+            self.abort()
+            raise RuntimeError(
+                f"{failures} of {self._sync.world_size} ranks discarded this logical batch (a "
+                "failed backward pass or abort()); it was discarded on every rank"
+            )
+        return examples
 
     def _release(self) -> None:
         self._check_parameters()
-        denominator = self.config.expected_batch_size or self._examples
+        examples = self._agree()
+        denominator = self.config.expected_batch_size or examples
         if denominator == 0:
             self.abort()
             raise ValueError(
@@ -298,14 +379,20 @@ class DPController:
                 "expected_batch_size to make_private (required with Poisson sampling)"
             )
         std = self.config.noise_std
+        draws_noise = std > 0 and (self._sync is None or self._sync.adds_noise)
+        released: dict[str, torch.Tensor] = {}
         for name, parameter in self._parameters.items():
             summed = self._sums.get(name)
             if summed is None:
                 summed = torch.zeros(parameter.shape, device=parameter.device)
-            if std > 0:
+            if draws_noise:
                 noise = torch.randn(summed.shape, generator=self.generator, device=summed.device)
                 summed = summed + noise * std
-            grad = (summed / denominator).to(parameter.dtype)
+            released[name] = summed
+        if self._sync is not None:
+            self._sync.sum_(list(released.values()))  # one noise draw (rank 0's) in the sum
+        for name, parameter in self._parameters.items():
+            grad = (released[name] / denominator).to(parameter.dtype)
             if parameter.grad is None:
                 parameter.grad = grad
             else:
@@ -314,9 +401,50 @@ class DPController:
         if self.accountant is not None:
             assert self.config.sample_rate is not None
             self.accountant.step(self.config.noise_multiplier, self.config.sample_rate)
-        logger.debug("released logical batch %d (%d examples)", self.steps, self._examples)
+        logger.debug("released logical batch %d (%d examples)", self.steps, examples)
         self._sums.clear()
         self._examples = 0
+        self._batch_open = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs to resume: released steps, the accountant's history and the
+        noise generator's state (``None`` without a generator of its own).
+
+        Under DDP only rank 0 draws noise: save rank 0's state (every rank may load it)."""
+        if self._batch_open or self._pass is not None:
+            raise RuntimeError("state_dict() inside a logical batch: save after its release")
+        return {
+            "steps": self.steps,
+            "accountant": None if self.accountant is None else list(self.accountant.history),
+            "generator": None if self.generator is None else self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the same steps, ε and next noise draw."""
+        expected = {"steps", "accountant", "generator"}
+        if not isinstance(state, Mapping) or set(state) != expected:
+            keys = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+            raise ValueError(f"a controller state has the keys {sorted(expected)}, got {keys}")
+        if (state["accountant"] is None) != (self.accountant is None):
+            raise ValueError(
+                "the state's accountant does not match this model's: sample_rate was "
+                f"{'not ' if state['accountant'] is None else ''}set when it was saved"
+            )
+        if (state["generator"] is None) != (self.generator is None):
+            raise ValueError(
+                "the state was saved with"
+                f"{'out' if state['generator'] is None else ''} a noise generator of its own, "
+                "this model has " + ("none" if self.generator is None else "one")
+            )
+        if self._batch_open or self._pass is not None:
+            raise RuntimeError("load_state_dict() inside a logical batch: load between batches")
+        self.steps = int(state["steps"])
+        if self.accountant is not None:
+            self.accountant.history = [
+                (float(s), float(q), int(n)) for s, q, n in state["accountant"]
+            ]
+        if self.generator is not None:
+            self.generator.set_state(state["generator"])
 
     def epsilon(self, delta: float) -> float:
         """ε spent so far at this δ (needs ``sample_rate`` in :func:`flashdp.make_private`)."""

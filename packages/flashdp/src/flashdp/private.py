@@ -187,6 +187,27 @@ def make_private(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        inner = make_private(
+            model.module,
+            max_grad_norm=max_grad_norm,
+            noise_multiplier=noise_multiplier,
+            clipping=clipping,
+            layer_norms=layer_norms,
+            expected_batch_size=expected_batch_size,
+            target_modules=target_modules,
+            loss_reduction=loss_reduction,
+            sample_rate=sample_rate,
+            generator=generator,
+            backend=backend,
+            fallback=fallback,
+            fallback_modules=fallback_modules,
+        )
+        model.module = inner  # a new object only when the wrapped model is a single layer
+        controller = get_controller(inner)
+        object.__setattr__(model, _CONTROLLER_ATTRIBUTE, controller)
+        controller.attach(model)
+        return model
     if hasattr(model, _CONTROLLER_ATTRIBUTE) or isinstance(model, DPLayer):
         raise ValueError("model is already private")
     if fallback is not None and fallback not in FALLBACKS:

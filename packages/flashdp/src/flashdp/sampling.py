@@ -103,3 +103,88 @@ class PoissonLoader:
         for indices in self.sampler:
             index = torch.tensor(indices, dtype=torch.long)
             yield tuple(t.index_select(0, index.to(t.device)) for t in self.tensors)
+
+
+class DistributedPoissonSampler:
+    """Poisson-sampled logical batches split across the ranks of a process group.
+
+    Every rank draws the same global batch (each of the N examples independently with
+    probability q, from a generator seeded with ``seed``) and keeps every ``world_size``-th of
+    its indices, starting at its rank: the ranks' local batches are disjoint, together form the
+    logical batch, differ in size by at most one, and may be empty. The logical batch does not
+    depend on the number of ranks, so the accountant's sample rate is q and its expected size
+    q·N (``expected_batch_size`` in :func:`flashdp.make_private`), as in one process.
+
+    Run every step on every rank, an empty one inside ``controller.accumulate()`` (it still
+    takes part in the release).
+
+    Args:
+        num_examples: N, the dataset size.
+        sample_rate: q in (0, 1].
+        seed: seed of the global draw; must be the same on every rank (checked when a process
+            group is initialised).
+        steps: batches per iteration over the sampler (default: ⌈1/q⌉).
+        rank: this process's rank (default: from ``torch.distributed``, or 0).
+        world_size: the number of ranks (default: from ``torch.distributed``, or 1).
+    """
+
+    def __init__(
+        self,
+        num_examples: int,
+        sample_rate: float,
+        *,
+        seed: int,
+        steps: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int (the same on every rank), got {seed!r}")
+        initialised = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if world_size is None:
+            world_size = torch.distributed.get_world_size() if initialised else 1
+        if rank is None:
+            rank = torch.distributed.get_rank() if initialised else 0
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
+        self.global_sampler = PoissonSampler(
+            num_examples, sample_rate, steps, torch.Generator().manual_seed(seed)
+        )
+        self.rank, self.world_size = rank, world_size
+        if initialised and torch.distributed.get_world_size() == world_size > 1:
+            _check_same_seed(seed)
+
+    @property
+    def sample_rate(self) -> float:
+        return self.global_sampler.sample_rate
+
+    @property
+    def expected_batch_size(self) -> int:
+        """q·N rounded (the logical batch's expected size over all ranks)."""
+        return self.global_sampler.expected_batch_size
+
+    def __len__(self) -> int:
+        return len(self.global_sampler)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for indices in self.global_sampler:
+            yield indices[self.rank :: self.world_size]
+
+
+def _check_same_seed(seed: int) -> None:
+    """All ranks must draw the same global batches: Σs = W·s and Σs² = W·s² on every rank."""
+    folded = seed % (1 << 20)  # Σ over ranks of folded² stays far inside int64
+    check = torch.tensor([folded, folded * folded], dtype=torch.int64)
+    world = torch.distributed.get_world_size()
+    backend = torch.distributed.get_backend()
+    if backend == "nccl":
+        check = check.cuda()
+    torch.distributed.all_reduce(check)
+    if check.tolist() != [world * folded, world * folded * folded]:
+        raise ValueError(
+            "DistributedPoissonSampler got different seeds on different ranks: each rank would "
+            "draw its own logical batches, so an example could be sampled on several ranks. "
+            "Pass the same seed on every rank"
+        )

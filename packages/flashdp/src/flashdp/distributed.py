@@ -1,0 +1,153 @@
+"""Private training across processes: torch DDP and FSDP2, one noise draw per logical batch.
+
+Every rank clips its own examples inside the backward, exactly as in one process. What changes
+is the end of a logical batch (:meth:`DPController._release`): the ranks first agree, in one
+small collective, on the number of examples and that none of them failed or fell out of step;
+then the clipped sums are added across ranks with the noise drawn once, so the released gradient
+is the one a single process would release for the concatenated batch:
+
+    (Σ_ranks Σ_b clip(g_b) + N(0, σ²C²)) / B.
+
+* **DDP** (:class:`~torch.nn.parallel.DistributedDataParallel`, either wrapping the private
+  model or wrapped by :func:`flashdp.make_private`): DDP's own gradient all-reduce is replaced
+  by a communication hook that keeps the local gradient (it would average gradients the DP
+  layers never hand to autograd, and overwrite the released ones with zeros). At the release,
+  rank 0 adds the noise to its clipped sums, and one bucketed all-reduce sums them over the
+  ranks, so every rank holds the same ``.grad``. ``ddp.no_sync()`` defers the release to the
+  next backward outside it, like DDP's own accumulation.
+* **FSDP2** (:func:`torch.distributed.fsdp.fully_shard`): per-layer clipping only. Each DP
+  layer writes its clipped sum into the unsharded parameter's gradient inside its backward,
+  FSDP2 reduce-scatters it as usual, and at the release each rank adds to the coordinates of
+  its own shard the matching slice of one full noise draw. Flat clipping needs every example's
+  norm over all layers before any layer's gradient leaves the rank, which FSDP2's per-module
+  reduce-scatter does not allow: it is refused.
+
+Every rank must run the same logical batches: a rank whose backward fails (or that calls
+:meth:`~flashdp.DPController.abort`) takes part in the batch's collective with a failure flag, so
+the batch is discarded on every rank and none waits for it. Ranks that disagree on the number of
+released batches are refused at the next release.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+# Bucket size of the release all-reduce, in float32 elements (DDP's default bucket is 25 MiB).
+BUCKET_ELEMENTS = 1 << 22
+
+DDP_HOOK_TAKEN = (
+    "this DistributedDataParallel module already has a communication hook; flashdp replaces "
+    "DDP's gradient all-reduce with its own (clipped sums plus one noise draw), so it needs "
+    "DDP without a hook: remove register_comm_hook"
+)
+
+
+# No ``from __future__ import annotations`` in this module: DDP checks the hook's annotations.
+def _keep_local(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook that communicates nothing: the bucket keeps the local gradient.
+
+    The DP layers hand no gradient to autograd; the controller sums the clipped gradients over
+    the ranks itself at the end of the logical batch."""
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+def active_ddp() -> "nn.parallel.DistributedDataParallel | None":
+    """The DDP module whose forward is running (None outside one, or in torch builds that do
+    not track it)."""
+    getter = getattr(nn.parallel.DistributedDataParallel, "_get_active_ddp_module", None)
+    return None if getter is None else getter()
+
+
+def is_fsdp(module: nn.Module) -> bool:
+    """Whether ``module`` or a submodule was sharded with FSDP2's ``fully_shard``."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return False
+    return any(isinstance(m, FSDPModule) for m in module.modules())
+
+
+class GroupSync:
+    """The collectives of one private model's logical batches over a process group.
+
+    Args:
+        kind: ``"ddp"`` or ``"fsdp"``.
+        group: the process group (``None``: the default group).
+        device: device of the model's parameters; NCCL groups communicate there, others on
+            the CPU.
+    """
+
+    def __init__(self, kind: str, group: Any, device: torch.device) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                f"{kind.upper()} is in use but torch.distributed has no process group"
+            )
+        self.kind = kind
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        backend = dist.get_backend(group)
+        self.device = device if backend == "nccl" else torch.device("cpu")
+        self.sync_next = True  # DDP: False when the last forward ran inside ddp.no_sync()
+
+    @property
+    def adds_noise(self) -> bool:
+        """DDP: rank 0 draws the noise before the sum (every rank then holds the same sum)."""
+        return self.rank == 0
+
+    def agree(self, examples: int, steps: int, failed: bool) -> tuple[int, int]:
+        """One small all-reduce per logical batch: returns (examples on all ranks, ranks that
+        failed). Raises when the ranks have released different numbers of logical batches."""
+        control = torch.tensor(
+            [examples, int(failed), steps, steps * steps], dtype=torch.int64, device=self.device
+        )
+        dist.all_reduce(control, group=self.group)
+        total, failures, step_sum, step_squares = (int(v) for v in control.tolist())
+        # Σs = W·s and Σs² = W·s² on this rank's s hold exactly when every rank has s.
+        if not failures and (
+            step_sum != self.world_size * steps or step_squares != self.world_size * steps**2
+        ):
+            raise RuntimeError(
+                f"rank {self.rank} has released {steps} logical batches but the ranks' mean is "
+                f"{step_sum / self.world_size:g}: the ranks are out of step (a rank skipped a "
+                "batch or ran an extra one), so their gradients would mix different batches. "
+                "Every rank must run the same logical batches (inside controller.accumulate() "
+                "even when its local batch is empty)"
+            )
+        return total, failures
+
+    def sum_(self, tensors: Sequence[torch.Tensor]) -> None:
+        """All-reduce (sum) ``tensors`` in place, coalesced into buckets of float32 elements."""
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for tensor in tensors:
+            bucket.append(tensor)
+            size += tensor.numel()
+            if size >= BUCKET_ELEMENTS:
+                self._sum_bucket(bucket)
+                bucket, size = [], 0
+        if bucket:
+            self._sum_bucket(bucket)
+
+    def _sum_bucket(self, tensors: list[torch.Tensor]) -> None:
+        flat = torch.cat([t.reshape(-1).to(self.device, torch.float32) for t in tensors])
+        dist.all_reduce(flat, group=self.group)
+        offset = 0
+        for tensor in tensors:
+            tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()
+
+
+def attach_ddp(controller: Any, ddp: nn.parallel.DistributedDataParallel) -> None:
+    """Let ``controller`` reduce the private gradients of the model ``ddp`` wraps."""
+    try:
+        ddp.register_comm_hook(state=None, hook=_keep_local)
+    except RuntimeError as error:
+        raise RuntimeError(DDP_HOOK_TAKEN) from error
+    device = next(iter(controller._parameters.values())).device
+    controller._sync = GroupSync("ddp", ddp.process_group, device)

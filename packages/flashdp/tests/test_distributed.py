@@ -1,0 +1,177 @@
+"""Private training under DDP (gloo, 2 and 3 processes under torchrun) against one process.
+
+``distributed_cases.py`` runs every case on each rank; the same code without a process group is
+the single-process oracle, and the clipping itself is checked against the brute-force oracle.
+Tolerance: float32, 1e-5 relative to the largest entry (the ranks' partial sums are added in a
+different order than one process adds the examples; observed errors are ~1e-7). The noise is
+compared exactly: rank 0 draws it from the same generator state as one process would, and the
+other ranks add exact zeros to it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import distributed_cases as cases
+import pytest
+import torch
+from oracle import RTOL, brute_force
+
+HERE = Path(__file__).parent
+WORLDS = (2, 3)
+
+
+def _torchrun(world: int, out: Path) -> list[dict]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, [env.get("PYTHONPATH")])])
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc-per-node", str(world), str(HERE / "distributed_worker.py"), str(out),
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+@pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"world{w}")
+def ranks(request, tmp_path_factory) -> list[dict]:
+    return _torchrun(request.param, tmp_path_factory.mktemp(f"world{request.param}"))
+
+
+@pytest.fixture(scope="module")
+def single() -> dict:
+    return cases.run_all(0, 1)
+
+
+def assert_close(actual: dict, expected: dict, rtol: float = RTOL) -> None:
+    assert actual.keys() == expected.keys()
+    for name, value in expected.items():
+        scale = max(float(value.abs().max()), 1e-30)
+        err = float((actual[name] - value).abs().max())
+        assert err <= rtol * scale, f"{name}: max error {err:.3g}, scale {scale:.3g}"
+
+
+def assert_identical_on_ranks(ranks: list[dict], key: str) -> None:
+    first = ranks[0][key]
+    for other in ranks[1:]:
+        for name in first:
+            assert torch.equal(other[key][name], first[name]), f"{key}/{name} differs"
+
+
+@pytest.mark.parametrize("clipping", ["per_layer", "flat"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["ddp_of_private", "private_of_ddp"])
+def test_ddp_equals_one_process_and_brute_force(ranks, single, clipping, reverse):
+    key = f"one_backward_{clipping}_{reverse}"
+    for step in range(2):
+        x = cases.inputs(seed=step + 1)
+        # Σ_b clip(g_b) / B; the release divides by the N examples counted on all ranks
+        expected = brute_force(cases.net(), cases.loss, x, x, clipping, cases.C)
+        assert_close(single[key][f"step{step}"], expected)
+        assert_identical_on_ranks([r[key] for r in ranks], f"step{step}")
+        assert_close(ranks[0][key][f"step{step}"], expected)
+
+
+@pytest.mark.parametrize("clipping", ["per_layer", "flat"])
+def test_no_sync_accumulates_one_logical_batch(ranks, single, clipping):
+    key = f"no_sync_{clipping}"
+    assert_identical_on_ranks([r[key] for r in ranks], "grads")
+    assert_close(ranks[0][key]["grads"], single[key]["grads"])
+    assert single[key]["steps"] == 1
+    assert [r[key]["steps"] for r in ranks] == [1] * len(ranks)
+
+
+def test_poisson_batches_split_over_ranks(ranks, single):
+    """The local batches partition the global Poisson batch (some empty); the noisy release,
+    the steps and ε equal one process's."""
+    world = len(ranks)
+    sizes = [r["poisson"]["sizes"] for r in ranks]
+    assert [sum(s) for s in zip(*sizes, strict=True)] == single["poisson"]["sizes"]
+    assert any(0 in s for s in sizes), "the case must include an empty local batch"
+    for step in range(len(single["poisson"]["sizes"])):
+        key = f"step{step}"
+        assert_identical_on_ranks([r["poisson"] for r in ranks], key)
+        assert_close(ranks[0]["poisson"][key], single["poisson"][key])
+    epsilons = {r["poisson"]["epsilon"] for r in ranks}
+    assert epsilons == {single["poisson"]["epsilon"]}, (world, epsilons)
+    assert math.isfinite(single["poisson"]["epsilon"])
+
+
+def test_noise_drawn_once(ranks, single):
+    """Noise only: the release equals one process's noise exactly (one draw, not one per rank),
+    is identical on every rank, and its variance is σ²C²/B²."""
+    steps = len(single["noise"])
+    for step in range(steps):
+        assert_identical_on_ranks([r["noise"] for r in ranks], f"step{step}")
+        for name, value in single["noise"][f"step{step}"].items():
+            assert torch.equal(ranks[0]["noise"][f"step{step}"][name], value), name
+    samples = torch.cat(
+        [g.flatten() for s in range(steps) for g in ranks[0]["noise"][f"step{s}"].values()]
+    )
+    expected = (1.0 * cases.C / 4) ** 2  # σ = 1, C = 1, expected_batch_size = 4
+    # the sample variance of n Gaussians has relative standard deviation √(2/n): 6 of them
+    bound = 6 * math.sqrt(2 / samples.numel())
+    assert samples.numel() > 5000
+    assert abs(float(samples.var()) / expected - 1) < bound
+
+
+@pytest.mark.parametrize("clipping", ["per_layer", "flat"])
+def test_sensitivity_bounded_on_every_rank(ranks, clipping):
+    """One example's gradient scaled by ~10⁶: the released sum changes by at most C, wherever
+    that example sits."""
+    results = ranks[0][f"sensitivity_{clipping}"]
+    for owner in range(len(ranks)):
+        with_it, without = results[f"owner{owner}_True"], results[f"owner{owner}_False"]
+        change = torch.cat([(with_it[k] - without[k]).flatten() for k in with_it]).norm()
+        assert 0.5 * cases.C < float(change) <= cases.C * (1 + 1e-4), (owner, float(change))
+
+
+def test_failed_rank_discards_the_batch_everywhere(ranks, single):
+    world = len(ranks)
+    failing = ranks[-1]["failure"]
+    assert failing["error"].startswith("FloatingPointError: non-finite per-example gradient")
+    for other in ranks[:-1]:
+        assert other["failure"]["error"] == (
+            f"RuntimeError: 1 of {world} ranks discarded this logical batch (a failed backward "
+            "pass or abort()); it was discarded on every rank"
+        )
+    # nothing released: .grad is None, or the zeros DDP copies from its (unused) buckets
+    assert all(r["failure"]["nothing_released"] for r in ranks)
+    # the next batch is released normally, and the failed one was not counted
+    assert_identical_on_ranks([r["failure"] for r in ranks], "after")
+    assert_close(ranks[0]["failure"]["after"], single["failure"]["after"])
+    assert {r["failure"]["steps"] for r in ranks} == {2}
+
+
+def test_checkpoint_resumes_noise_and_accounting(ranks, single):
+    for result in [single, *ranks]:
+        state = result["checkpoint"]
+        for name, value in state["third"].items():
+            assert torch.equal(state["resumed"][name], value), name
+        assert state["resumed_epsilon"] == state["epsilon"]
+    assert_close(ranks[0]["checkpoint"]["third"], single["checkpoint"]["third"])
+
+
+def test_ranks_out_of_step_are_refused(ranks):
+    for r in ranks:
+        assert "the ranks are out of step" in r["out_of_step"]["error"]
+
+
+def test_refusals(ranks):
+    refusals = ranks[0]["refusals"]
+    assert refusals["hook"].startswith("this DistributedDataParallel module already has a comm")
+    assert "FSDP2" in refusals["fsdp"]
+
+
+def test_sampler_without_process_group():
+    a = cases.flashdp.DistributedPoissonSampler(50, 0.2, seed=4, steps=3, rank=1, world_size=3)
+    whole = cases.flashdp.PoissonSampler(50, 0.2, 3, torch.Generator().manual_seed(4))
+    assert list(a) == [indices[1::3] for indices in whole]
+    assert a.expected_batch_size == 10
+    with pytest.raises(ValueError, match=r"rank must be an int in \[0, 3\)"):
+        cases.flashdp.DistributedPoissonSampler(50, 0.2, seed=4, rank=3, world_size=3)
+    with pytest.raises(TypeError, match="seed must be an int"):
+        cases.flashdp.DistributedPoissonSampler(50, 0.2, seed=None)
