@@ -213,7 +213,7 @@ def case_out_of_step(rank: int, world: int) -> dict:
 
 
 def case_refusals(rank: int, world: int) -> dict:
-    """DDP with a communication hook of its own; FSDP2."""
+    """DDP with a communication hook of its own; what FSDP2 cannot do."""
     out = {}
     ddp = nn.parallel.DistributedDataParallel(net())
     ddp.register_comm_hook(None, _sum_hook)
@@ -222,15 +222,82 @@ def case_refusals(rank: int, world: int) -> dict:
         out["hook"] = None
     except RuntimeError as error:
         out["hook"] = str(error)
-    from torch.distributed.fsdp import fully_shard
+    for name, options in (
+        ("fsdp_flat", {"clipping": "flat"}),
+        ("fsdp_no_expected_batch_size", {"expected_batch_size": None}),
+    ):
+        model = sharded_private(**options)
+        try:
+            model(inputs()).sum().backward()
+            out[name] = None
+        except ValueError as error:
+            out[name] = str(error)
+    return out
 
-    model = flashdp.make_private(net(), max_grad_norm=C, noise_multiplier=0.0)
-    fully_shard(model)
+
+def sharded_private(**options) -> nn.Module:
+    """A private model sharded with FSDP2 (each Linear, then the root) when distributed."""
+    options = {
+        "max_grad_norm": C,
+        "noise_multiplier": 0.0,
+        "loss_reduction": "sum",
+        "expected_batch_size": N,
+        **options,
+    }
+    model = flashdp.make_private(net(options.pop("width", WIDTH)), **options)
+    if dist.is_initialized():
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model[0])
+        fully_shard(model[2])
+        fully_shard(model)
+    return model
+
+
+def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole gradients (gathered from the shards under FSDP2)."""
+    out = {}
+    for name, p in model.named_parameters():
+        grad = p.grad
+        if grad is not None and hasattr(grad, "full_tensor"):
+            grad = grad.full_tensor()
+        out[name] = None if grad is None else grad.detach().clone()
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def case_fsdp(rank: int, world: int) -> dict:
+    """Per-layer clipping under FSDP2: one backward, accumulated micro-batches, noise, a
+    failed rank, ε."""
+    out: dict = {}
+    model = sharded_private(sample_rate=0.5)
+    x = local(inputs(), rank, world)
+    for step in range(2):
+        loss(model(local(inputs(seed=step + 1), rank, world))).backward()
+        out[f"step{step}"] = full_grads(model)
+    with flashdp.get_controller(model).accumulate():
+        loss(model(x[:2])).backward()
+        loss(model(x[2:])).backward()
+    out["accumulated"] = full_grads(model)
+    noisy = sharded_private(
+        noise_multiplier=1.0, width=64, generator=torch.Generator().manual_seed(7)
+    )
+    for step in range(3):
+        (0.0 * loss(noisy(x))).backward()
+        out[f"noise{step}"] = full_grads(noisy)
+    bad = x.clone()
+    if rank == world - 1:
+        bad[0, 0] = float("nan")
     try:
-        model(inputs()).sum().backward()
-        out["fsdp"] = None
-    except NotImplementedError as error:
-        out["fsdp"] = str(error)
+        loss(model(bad)).backward()
+        out["error"] = None
+    except (RuntimeError, FloatingPointError) as error:
+        out["error"] = f"{type(error).__name__}: {error}"
+    out["nothing_released"] = all(g is None for g in full_grads(model).values())
+    loss(model(x)).backward()
+    out["after"] = full_grads(model)
+    controller = flashdp.get_controller(model)
+    out["steps"], out["epsilon"] = controller.steps, controller.epsilon(1e-5)
     return out
 
 
@@ -251,6 +318,7 @@ def run_all(rank: int, world: int) -> dict:
     out["noise"] = case_noise(rank, world)
     out["failure"] = case_failure(rank, world)
     out["checkpoint"] = case_checkpoint(rank, world)
+    out["fsdp"] = case_fsdp(rank, world)
     if dist.is_initialized():
         out["out_of_step"] = case_out_of_step(rank, world)
         out["refusals"] = case_refusals(rank, world)

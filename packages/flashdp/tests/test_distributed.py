@@ -163,7 +163,43 @@ def test_ranks_out_of_step_are_refused(ranks):
 def test_refusals(ranks):
     refusals = ranks[0]["refusals"]
     assert refusals["hook"].startswith("this DistributedDataParallel module already has a comm")
-    assert "FSDP2" in refusals["fsdp"]
+    assert refusals["fsdp_flat"].startswith("clipping='flat' is not supported under FSDP2")
+    assert refusals["fsdp_no_expected_batch_size"].startswith(
+        "under FSDP2 (fully_shard) set expected_batch_size"
+    )
+
+
+def test_fsdp_per_layer_equals_one_process(ranks, single):
+    """FSDP2 (each Linear and the root sharded): the gathered gradients equal one process's
+    and brute force; accumulated micro-batches are one logical batch."""
+    for step in range(2):
+        x = cases.inputs(seed=step + 1)
+        expected = brute_force(cases.net(), cases.loss, x, x, "per_layer", cases.C)
+        assert_close(single["fsdp"][f"step{step}"], expected)
+        assert_identical_on_ranks([r["fsdp"] for r in ranks], f"step{step}")
+        assert_close(ranks[0]["fsdp"][f"step{step}"], expected)
+    assert_close(ranks[0]["fsdp"]["accumulated"], single["fsdp"]["accumulated"])
+
+
+def test_fsdp_noise_is_one_draw(ranks, single):
+    """Each rank adds its rows of one full draw: the gathered noise is one process's, exactly."""
+    for step in range(3):
+        for name, value in single["fsdp"][f"noise{step}"].items():
+            for r in ranks:
+                assert torch.equal(r["fsdp"][f"noise{step}"][name], value), (step, name)
+
+
+def test_fsdp_failed_rank_discards_the_batch_everywhere(ranks, single):
+    """The failing rank finishes its backward (FSDP2's reduce-scatters must match) and every
+    rank raises at the release; the next batch is released normally."""
+    world = len(ranks)
+    assert ranks[-1]["fsdp"]["error"].startswith("FloatingPointError: non-finite per-example")
+    for other in ranks[:-1]:
+        assert other["fsdp"]["error"].startswith(f"RuntimeError: 1 of {world} ranks discarded")
+    assert all(r["fsdp"]["nothing_released"] for r in ranks)
+    assert_close(ranks[0]["fsdp"]["after"], single["fsdp"]["after"])
+    assert {r["fsdp"]["steps"] for r in ranks} == {single["fsdp"]["steps"]} == {4}
+    assert {r["fsdp"]["epsilon"] for r in ranks} == {single["fsdp"]["epsilon"]}
 
 
 def test_sampler_without_process_group():

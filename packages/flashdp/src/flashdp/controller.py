@@ -24,7 +24,7 @@ from torch import nn
 from flashdp.accountant import RDPAccountant
 from flashdp.clipping import Contribution, clip_coefficients
 from flashdp.config import PrivacyConfig
-from flashdp.distributed import GroupSync, active_ddp, attach_ddp, is_fsdp
+from flashdp.distributed import GroupSync, active_ddp, attach_ddp, attach_fsdp, is_fsdp, sharded
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,23 @@ def refuse_batch_norm_in_training(module: nn.Module, where: str) -> None:
         )
 
 
+def refuse_escape(parameter: torch.Tensor, name: str) -> None:
+    """Raise when ``parameter`` receives an autograd gradient: the DP layers hand none to
+    autograd, so any gradient reached it outside its layer and would escape clipping."""
+
+    def hook(grad: torch.Tensor | None) -> None:
+        if grad is None:
+            return
+        raise RuntimeError(
+            f"parameter {name!r} received a gradient outside its DP layer (used directly "
+            "elsewhere in the forward, e.g. by a tied output head): that gradient would escape "
+            "clipping. Use the parameter only through its layer (untie it), or freeze it (with "
+            "fallback='vmap', name the module whose forward uses it in fallback_modules)"
+        )
+
+    parameter.register_hook(hook)
+
+
 def mark_forward(ctx: Any) -> None:
     """Note on a DP autograd Function's ``ctx`` whether its forward ran inside a backward pass
     (a recomputation, as activation checkpointing does)."""
@@ -93,6 +110,11 @@ def refuse_recomputed(ctx: Any, controller: DPController, where: str) -> None:
             "accountant step of their own; the logical batch was discarded. Use "
             "use_reentrant=False or no activation checkpointing"
         )
+
+
+def _zero_sum(clipped_sum):
+    """A clipped-sum function that gives zeros of the same shape (a discarded contribution)."""
+    return lambda coef: torch.zeros_like(clipped_sum(coef))
 
 
 class DPController:
@@ -123,6 +145,9 @@ class DPController:
         self._batch_open = False  # something was gathered for the current logical batch
         self._sync: GroupSync | None = None  # set when the model runs under DDP
         self._reported = False  # this rank took part in the current batch's collective
+        self._failure: Exception | None = None  # FSDP2: raised at the release, on every rank
+        # FSDP2's unsharded parameters that carry the escape check, by id
+        self._hooked: dict[int, weakref.ref[torch.Tensor]] = {}
         self._model: weakref.ref[nn.Module] | None = None
         self.fallback_modules: tuple[str, ...] = ()  # set by make_private
 
@@ -150,13 +175,13 @@ class DPController:
         if self._sync is None:
             attach_ddp(self, ddp)
 
+    @property
+    def _fsdp(self) -> bool:
+        return self._sync is not None and self._sync.kind == "fsdp"
+
     def _check_distributed(self, model: nn.Module) -> None:
-        if is_fsdp(model):
-            raise NotImplementedError(
-                "this private model is sharded with FSDP2 (fully_shard), which flashdp does not "
-                "support yet: the DP layers' clipped sums would bypass its reduce-scatter. Use "
-                "DistributedDataParallel (per-layer or flat clipping)"
-            )
+        if self._sync is None and is_fsdp(model):
+            attach_fsdp(self, model)
         ddp = active_ddp()
         if ddp is not None and any(m is model for m in ddp.module.modules()):
             self.attach(ddp)
@@ -167,12 +192,20 @@ class DPController:
         model = None if self._model is None else self._model()
         if model is None:
             return
-        known = {id(parameter) for parameter in self._parameters.values()}
-        escaping = [
-            (name, parameter)
-            for name, parameter in model.named_parameters()
-            if parameter.requires_grad and id(parameter) not in known
-        ]
+        if self._fsdp:  # FSDP2 swaps sharded and unsharded parameters: compare names
+            known_names = set(self._parameters)
+            escaping = [
+                (name, parameter)
+                for name, parameter in model.named_parameters()
+                if parameter.requires_grad and name not in known_names
+            ]
+        else:
+            known = {id(parameter) for parameter in self._parameters.values()}
+            escaping = [
+                (name, parameter)
+                for name, parameter in model.named_parameters()
+                if parameter.requires_grad and id(parameter) not in known
+            ]
         if not escaping:
             return
         for _, parameter in escaping:
@@ -244,13 +277,25 @@ class DPController:
         current.per_example[name] = grads if summed is None else summed + grads
 
     def _take(self, current: _Pass, contributions: list[Contribution]) -> None:
-        for contribution in contributions:
+        for index, contribution in enumerate(contributions):
             if not bool(torch.isfinite(contribution.norm2).all()):
-                self.abort()
-                raise FloatingPointError(
+                error = FloatingPointError(
                     f"non-finite per-example gradient norm in {contribution.name!r}; the step "
                     "was discarded"
                 )
+                if self._fsdp:
+                    # Raising here would leave the other ranks waiting in FSDP2's
+                    # reduce-scatters of this backward, whose sizes must match on every rank:
+                    # finish it with zeros, fail at the release.
+                    self._failure = self._failure or error
+                    contributions[index] = Contribution(
+                        contribution.name,
+                        torch.zeros_like(contribution.norm2),
+                        _zero_sum(contribution.clipped_sum),
+                    )
+                    continue
+                self.abort()
+                raise error
         if self.config.clipping == "flat":
             current.pending.extend(contributions)
             return
@@ -259,10 +304,36 @@ class DPController:
             self._add(contribution.name, contribution.clipped_sum(coef))
 
     def _add(self, name: str, clipped_sum: torch.Tensor) -> None:
+        if self._fsdp:
+            self._add_unsharded(name, clipped_sum)
+            return
         if name in self._sums:
             self._sums[name].add_(clipped_sum)
         else:
             self._sums[name] = clipped_sum
+
+    def _add_unsharded(self, name: str, clipped_sum: torch.Tensor) -> None:
+        """FSDP2: the clipped sum, divided by B, goes to the gradient of the unsharded parameter
+        inside the layer's backward, where FSDP2's reduce-scatter sums it over the ranks."""
+        model = None if self._model is None else self._model()
+        assert model is not None
+        assert self.config.expected_batch_size is not None
+        parameter = model.get_parameter(name)
+        if sharded(parameter):
+            self.abort()
+            raise RuntimeError(
+                f"parameter {name!r} is still sharded in its layer's backward: FSDP2 did not "
+                "gather it, so its clipped gradient cannot reach the reduce-scatter"
+            )
+        known = self._hooked.get(id(parameter))
+        if known is None or known() is not parameter:
+            refuse_escape(parameter, name)
+            self._hooked[id(parameter)] = weakref.ref(parameter)
+        value = (clipped_sum / self.config.expected_batch_size).to(parameter.dtype)
+        if parameter.grad is None:
+            parameter.grad = value
+        else:
+            parameter.grad.add_(value)
 
     def _end_pass(self) -> None:
         current, self._pass = self._pass, None
@@ -338,6 +409,9 @@ class DPController:
         self._sums.clear()
         self._examples = 0
         self._batch_open = False
+        self._failure = None
+        if self._fsdp:
+            self._discard_sharded()
         if self._sync is not None and not self._reported:
             self._reported = True
             self._sync.agree(0, self.steps, failed=True)
@@ -355,13 +429,18 @@ class DPController:
                 "batch again"
             )
         self._reported = True
+        failure = self._failure
         try:
-            examples, failures = self._sync.agree(self._examples, self.steps, failed=False)
+            examples, failures = self._sync.agree(
+                self._examples, self.steps, failed=failure is not None
+            )
         except BaseException:
             self.abort()
             raise
         if failures:
             self.abort()
+            if failure is not None:
+                raise failure
             raise RuntimeError(
                 f"{failures} of {self._sync.world_size} ranks discarded this logical batch (a "
                 "failed backward pass or abort()); it was discarded on every rank"
@@ -378,6 +457,52 @@ class DPController:
                 "the logical batch was empty and expected_batch_size is not set: pass "
                 "expected_batch_size to make_private (required with Poisson sampling)"
             )
+        if self._fsdp:
+            self._release_sharded(denominator)
+        else:
+            self._release_replicated(denominator)
+        self.steps += 1
+        if self.accountant is not None:
+            assert self.config.sample_rate is not None
+            self.accountant.step(self.config.noise_multiplier, self.config.sample_rate)
+        logger.debug("released logical batch %d (%d examples)", self.steps, examples)
+        self._sums.clear()
+        self._examples = 0
+        self._batch_open = False
+
+    def _discard_sharded(self) -> None:
+        """FSDP2 has already reduce-scattered part of the batch into the gradients, without
+        noise: drop them (earlier accumulated gradients too) where the parameters are
+        reachable."""
+        model = None if self._model is None else self._model()
+        if model is None:
+            return
+        for name in self._parameters:
+            model.get_parameter(name).grad = None
+
+    def _release_sharded(self, denominator: int) -> None:
+        """FSDP2: the local shard of every gradient already holds Σ clip(g_b) / B over all ranks
+        (reduce-scattered in the backward); it gets the rows of one full noise draw it owns."""
+        model = None if self._model is None else self._model()
+        assert model is not None
+        std = self.config.noise_std
+        for name in self._parameters:
+            parameter = model.get_parameter(name)
+            self._sync.check_sharded(name, parameter)
+            local = parameter.to_local()
+            added = torch.zeros(local.shape, device=local.device)
+            if std > 0:
+                # every rank draws the whole tensor: the same draw as one process, each
+                # coordinate noised once, by the rank holding it
+                noise = torch.randn(parameter.shape, generator=self.generator, device=local.device)
+                # (rows·std)/B, as one process computes (Σ + noise·std)/B
+                added = self._sync.local_rows(noise, parameter) * std / denominator
+            if parameter.grad is None:
+                parameter.grad = self._sync.like(parameter, added.to(parameter.dtype))
+            else:
+                parameter.grad.to_local().add_(added.to(parameter.dtype))
+
+    def _release_replicated(self, denominator: int) -> None:
         std = self.config.noise_std
         draws_noise = std > 0 and (self._sync is None or self._sync.adds_noise)
         released: dict[str, torch.Tensor] = {}
@@ -397,14 +522,6 @@ class DPController:
                 parameter.grad = grad
             else:
                 parameter.grad.add_(grad)
-        self.steps += 1
-        if self.accountant is not None:
-            assert self.config.sample_rate is not None
-            self.accountant.step(self.config.noise_multiplier, self.config.sample_rate)
-        logger.debug("released logical batch %d (%d examples)", self.steps, examples)
-        self._sums.clear()
-        self._examples = 0
-        self._batch_open = False
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs to resume: released steps, the accountant's history and the

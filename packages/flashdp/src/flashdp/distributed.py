@@ -151,3 +151,96 @@ def attach_ddp(controller: Any, ddp: nn.parallel.DistributedDataParallel) -> Non
         raise RuntimeError(DDP_HOOK_TAKEN) from error
     device = next(iter(controller._parameters.values())).device
     controller._sync = GroupSync("ddp", ddp.process_group, device)
+
+
+def sharded(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a DTensor (an FSDP2 parameter outside its module's forward and
+    backward)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without DTensor
+        return False
+    return isinstance(tensor, DTensor)
+
+
+class ShardedSync(GroupSync):
+    """FSDP2: the collectives of :class:`GroupSync` plus the sharded layout of the gradients."""
+
+    def check_sharded(self, name: str, parameter: torch.Tensor) -> None:
+        from torch.distributed.tensor import Shard
+
+        if not sharded(parameter):
+            raise RuntimeError(
+                f"parameter {name!r} is not sharded at the end of the backward pass: flashdp "
+                "needs FSDP2's default reshard_after_backward=True"
+            )
+        mesh = parameter.device_mesh
+        if mesh.ndim != 1 or mesh.size() != self.world_size or parameter.placements != (Shard(0),):
+            raise NotImplementedError(
+                f"parameter {name!r} has placements {parameter.placements} on a mesh of shape "
+                f"{tuple(mesh.shape)}: flashdp supports FSDP2 sharding on dimension 0 over all "
+                f"{self.world_size} ranks (no HSDP, tensor or custom sharding)"
+            )
+
+    @staticmethod
+    def local_rows(tensor: torch.Tensor, parameter: torch.Tensor) -> torch.Tensor:
+        """The rows of the full ``tensor`` that this rank's shard of ``parameter`` holds:
+        FSDP2 cuts dimension 0 as ``torch.chunk`` does (the last chunks may be shorter or
+        empty)."""
+        mesh = parameter.device_mesh
+        chunks = torch.chunk(tensor, mesh.size(), dim=0)
+        index = mesh.get_local_rank()
+        if index < len(chunks):
+            return chunks[index]
+        return tensor.new_empty((0, *tensor.shape[1:]))
+
+    @staticmethod
+    def like(parameter: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        """A DTensor sharded like ``parameter`` with this rank's shard ``local``."""
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(
+            local,
+            parameter.device_mesh,
+            parameter.placements,
+            shape=parameter.shape,
+            stride=parameter.stride(),
+            run_check=False,
+        )
+
+
+FSDP_CLIPPING = (
+    "clipping='flat' is not supported under FSDP2 (fully_shard): it needs each example's "
+    "gradient norm over all layers before any layer's gradient is reduce-scattered, and FSDP2 "
+    "reduces each module's gradients as soon as its backward ends. Use clipping='per_layer' "
+    "(each layer clipped inside its own backward), or DistributedDataParallel for flat clipping"
+)
+
+
+def attach_fsdp(controller: Any, model: nn.Module) -> None:
+    """Let ``controller`` release the gradients of ``model``, sharded with FSDP2: per-layer
+    clipping only, the gradient's denominator known before the backward, FSDP2 summing (not
+    averaging) the gradients it reduce-scatters."""
+    from torch.distributed.fsdp import FSDPModule
+
+    config = controller.config
+    if config.clipping == "flat":
+        raise ValueError(FSDP_CLIPPING)
+    if config.expected_batch_size is None:
+        raise ValueError(
+            "under FSDP2 (fully_shard) set expected_batch_size in make_private: each layer's "
+            "clipped sum is divided by it before FSDP2 reduce-scatters it, during the backward, "
+            "when the number of examples in the logical batch is not yet known"
+        )
+    if controller.fallback_modules:
+        raise ValueError(
+            "fallback='vmap' modules are not supported under FSDP2 (fully_shard): their "
+            "per-example gradients are clipped at the end of the backward, after FSDP2 has "
+            f"reduce-scattered them ({list(controller.fallback_modules)})"
+        )
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)  # a sum over the ranks, not a mean
+            module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+    device = next(p.device for p in model.parameters())
+    controller._sync = ShardedSync("fsdp", None, device)

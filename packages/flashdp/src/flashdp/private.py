@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from flashdp.config import Clipping, LossReduction, PrivacyConfig
-from flashdp.controller import DPController
+from flashdp.controller import DPController, refuse_escape
 from flashdp.fallback import VmapFallback
 from flashdp.layers import DPConv1D, DPEmbedding, DPLayer, DPLayerNorm, DPLinear, DPRMSNorm
 
@@ -73,22 +73,6 @@ def _trainable_shared(model: nn.Module) -> dict[int, list[str]]:
         if parameter.requires_grad:
             owners.setdefault(id(parameter), []).append(name)
     return {key: names for key, names in owners.items() if len(names) > 1}
-
-
-def _refuse_escape(parameter: nn.Parameter, name: str) -> None:
-    def hook(grad: torch.Tensor | None) -> None:
-        # The DP layers return no gradient for their parameters (autograd passes None here):
-        # any actual gradient reached the parameter through another path.
-        if grad is None:
-            return
-        raise RuntimeError(
-            f"parameter {name!r} received a gradient outside its DP layer (used directly "
-            "elsewhere in the forward, e.g. by a tied output head): that gradient would escape "
-            "clipping. Use the parameter only through its layer (untie it), or freeze it (with "
-            "fallback='vmap', name the module whose forward uses it in fallback_modules)"
-        )
-
-    parameter.register_hook(hook)
 
 
 def _resolve_bounds(
@@ -287,7 +271,7 @@ def make_private(
     )
     controller = DPController(config, {name: parameters[name] for name in names}, generator)
     for name in names:
-        _refuse_escape(parameters[name], name)
+        refuse_escape(parameters[name], name)
     for module_name, names_in_module in fallbacks.items():
         module = modules[module_name]
         # the forward is replaced on the instance: the module keeps its type, methods, state dict
