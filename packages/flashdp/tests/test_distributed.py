@@ -211,3 +211,20 @@ def test_sampler_without_process_group():
         cases.flashdp.DistributedPoissonSampler(50, 0.2, seed=4, rank=3, world_size=3)
     with pytest.raises(TypeError, match="seed must be an int"):
         cases.flashdp.DistributedPoissonSampler(50, 0.2, seed=None)
+
+
+def test_gpt2_example_under_torchrun(tmp_path):
+    """The README's example: a small GPT-2 trained privately on 2 processes."""
+    pytest.importorskip("transformers")
+    example = HERE.parent / "examples" / "ddp_gpt2.py"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        str(example), "--steps", "3", "--epsilon", "8",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("ε = "), last
+    assert last.endswith("after 3 steps"), last
+    assert float(last.split()[2]) <= 8.0
