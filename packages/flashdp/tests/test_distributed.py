@@ -228,3 +228,14 @@ def test_gpt2_example_under_torchrun(tmp_path):
     assert last.startswith("ε = "), last
     assert last.endswith("after 3 steps"), last
     assert float(last.split()[2]) <= 8.0
+
+
+def test_distributed_benchmark_runs(tmp_path):
+    """The DDP / FSDP2 benchmark script (quick shape, one round) writes its table."""
+    script = HERE.parent / "benchmarks" / "bench_distributed.py"
+    command = [sys.executable, str(script), "--quick", "--repeat", "1", "--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    table = (tmp_path / "bench_flashdp_distributed.md").read_text()
+    for row in ("DDP non-DP", "DDP flashdp per_layer", "DDP flashdp flat", "FSDP2 flashdp"):
+        assert f"| {row}" in table

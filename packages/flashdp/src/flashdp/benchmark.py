@@ -145,3 +145,81 @@ def run(device: str, out: str | Path | None, *, quick: bool = False, repeat: int
     if out is not None:
         table.save(out, "bench_flashdp")
     return table
+
+
+def distributed_candidates(shape: BenchShape, device: str) -> dict[str, Callable]:
+    """One training step of the same GPT under DDP and FSDP2, non-private and flashdp, on this
+    rank's share of one global batch (run under torchrun, the process group initialised)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    base = TinyGPT(shape.config).to(device=device, dtype=shape.dtype)
+    generator = torch.Generator().manual_seed(1)
+    size = (shape.batch_size, shape.config.seq_len)
+    tokens = torch.randint(0, shape.config.vocab_size, size, generator=generator)
+    targets = torch.randint(0, shape.config.vocab_size, size, generator=generator)
+    tokens, targets = tokens[rank::world].to(device), targets[rank::world].to(device)
+    loss_fn = SequenceCrossEntropy()
+    ids = [torch.device(device).index] if torch.device(device).type == "cuda" else None
+
+    def private(clipping: str) -> nn.Module:
+        return make_private(
+            copy.deepcopy(base),
+            max_grad_norm=MAX_GRAD_NORM,
+            noise_multiplier=NOISE_MULTIPLIER,
+            clipping=clipping,
+            expected_batch_size=shape.batch_size,  # the global batch
+        )
+
+    def sharded(model: nn.Module) -> nn.Module:
+        for block in model.blocks:
+            fully_shard(block)
+        return fully_shard(model)
+
+    def ddp(model: nn.Module) -> nn.Module:
+        return DistributedDataParallel(model, device_ids=ids)
+
+    return {
+        "DDP non-DP": _sgd_step(ddp(copy.deepcopy(base)), loss_fn, tokens, targets),
+        "DDP flashdp per_layer": _sgd_step(ddp(private("per_layer")), loss_fn, tokens, targets),
+        "DDP flashdp flat": _sgd_step(ddp(private("flat")), loss_fn, tokens, targets),
+        "FSDP2 non-DP": _sgd_step(sharded(copy.deepcopy(base)), loss_fn, tokens, targets),
+        "FSDP2 flashdp per_layer": _sgd_step(
+            sharded(private("per_layer")), loss_fn, tokens, targets
+        ),
+    }
+
+
+def run_distributed(
+    device: str, out: str | Path | None, *, quick: bool = False, repeat: int = 5
+) -> Comparison:
+    """:func:`run` for several processes (call it on every rank under torchrun): DDP and
+    FSDP2, each private against non-private, every rank timing the same interleaved rounds;
+    rank 0 saves the table (its own times and memory; the collectives keep the ranks in step).
+    """
+    import torch.distributed as dist
+
+    shape = GPU_SHAPE if device.startswith("cuda") else QUICK_SHAPE if quick else CPU_SHAPE
+    config = shape.config
+    world = dist.get_world_size()
+    title = (
+        f"DP-SGD step on {world} processes ({dist.get_backend()}), GPT {config.depth}x"
+        f"{config.width}, {config.heads} heads, T={config.seq_len}, global B={shape.batch_size}, "
+        f"{str(shape.dtype).removeprefix('torch.')}"
+    )
+    steps = distributed_candidates(shape, device)
+    table = compare(
+        steps,
+        baseline="DDP non-DP",
+        title=title,
+        device=device,
+        warmup=2,
+        repeat=repeat,
+        check_outputs=False,
+    )
+    if out is not None and dist.get_rank() == 0:
+        table.save(out, "bench_flashdp_distributed")
+    return table

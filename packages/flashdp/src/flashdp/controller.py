@@ -503,21 +503,23 @@ class DPController:
                 parameter.grad.to_local().add_(added.to(parameter.dtype))
 
     def _release_replicated(self, denominator: int) -> None:
+        """One process or DDP: noise into the summed clipped gradients (on rank 0 only under
+        DDP, before the sum over the ranks), then the division, in place."""
         std = self.config.noise_std
         draws_noise = std > 0 and (self._sync is None or self._sync.adds_noise)
-        released: dict[str, torch.Tensor] = {}
+        released: list[torch.Tensor] = []
         for name, parameter in self._parameters.items():
-            summed = self._sums.get(name)
+            summed = self._sums.pop(name, None)  # owned here: every clipped sum is a new tensor
             if summed is None:
                 summed = torch.zeros(parameter.shape, device=parameter.device)
             if draws_noise:
                 noise = torch.randn(summed.shape, generator=self.generator, device=summed.device)
-                summed = summed + noise * std
-            released[name] = summed
+                summed.add_(noise.mul_(std))
+            released.append(summed)
         if self._sync is not None:
-            self._sync.sum_(list(released.values()))  # one noise draw (rank 0's) in the sum
-        for name, parameter in self._parameters.items():
-            grad = (released[name] / denominator).to(parameter.dtype)
+            self._sync.sum_(released)  # one noise draw (rank 0's) in the sum
+        for parameter, summed in zip(self._parameters.values(), released, strict=True):
+            grad = summed.div_(denominator).to(parameter.dtype)
             if parameter.grad is None:
                 parameter.grad = grad
             else:
