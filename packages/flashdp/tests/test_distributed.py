@@ -21,6 +21,8 @@ import pytest
 import torch
 from oracle import RTOL, brute_force
 
+from kernels_common.testing import markdown_python_blocks
+
 HERE = Path(__file__).parent
 WORLDS = (2, 3)
 
@@ -239,3 +241,23 @@ def test_distributed_benchmark_runs(tmp_path):
     table = (tmp_path / "bench_flashdp_distributed.md").read_text()
     for row in ("DDP non-DP", "DDP flashdp per_layer", "DDP flashdp flat", "FSDP2 flashdp"):
         assert f"| {row}" in table
+
+
+def test_readme_torchrun_example(tmp_path):
+    """The README's DDP block, run as written on 2 processes: ε printed and equal on both."""
+    (block,) = [
+        b for b in markdown_python_blocks(HERE.parent / "README.md") if b.startswith("# torchrun ")
+    ]
+    script = tmp_path / "train.py"
+    script.write_text(block)
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        str(script),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    printed = sorted(line.split() for line in done.stdout.strip().splitlines())
+    assert [rank for rank, _ in printed] == ["0", "1"]
+    assert printed[0][1] == printed[1][1]
+    assert 0 < float(printed[0][1]) < math.inf
