@@ -35,9 +35,11 @@ def main() -> None:
     args = parser.parse_args()
 
     cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)  # NCCL's collectives run on the current device
     dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank()
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
     try:
         text = args.text.read_bytes()
         window = args.seq_len + 1

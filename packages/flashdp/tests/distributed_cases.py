@@ -33,9 +33,17 @@ def loss(out: torch.Tensor, _targets=None) -> torch.Tensor:
     return out.square().sum()
 
 
-def private(world: int, *, reverse: bool = False, **options) -> tuple[nn.Module, nn.Module]:
+def private(
+    world: int, *, reverse: bool = False, ddp_options: dict | None = None, **options
+) -> tuple[nn.Module, nn.Module]:
     """(the module to call, the private model), under DDP when ``world`` > 0 ranks run."""
-    options = {"max_grad_norm": C, "noise_multiplier": 0.0, "loss_reduction": "sum", **options}
+    options = {
+        "max_grad_norm": C,
+        "noise_multiplier": 0.0,
+        "loss_reduction": "sum",
+        "backend": "reference",
+        **options,
+    }
     if not dist.is_initialized():
         model = flashdp.make_private(net(options.pop("width", WIDTH)), **options)
         return model, model
@@ -44,7 +52,7 @@ def private(world: int, *, reverse: bool = False, **options) -> tuple[nn.Module,
         ddp = flashdp.make_private(nn.parallel.DistributedDataParallel(net(width)), **options)
         return ddp, ddp.module
     model = flashdp.make_private(net(width), **options)
-    return nn.parallel.DistributedDataParallel(model), model
+    return nn.parallel.DistributedDataParallel(model, **(ddp_options or {})), model
 
 
 def grads(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -143,16 +151,17 @@ def case_sensitivity(rank: int, world: int, clipping: str) -> dict:
     return out
 
 
-def case_failure(rank: int, world: int) -> dict:
-    """The last rank's backward fails (a non-finite norm); then a clean batch on every rank."""
-    call, model = private(world)
+def case_failure(rank: int, world: int, poison: float, **ddp_options) -> dict:
+    """The last rank's backward fails (a non-finite norm: NaN reaches every layer, inf only the
+    first, after DDP has marked the later layers' parameters ready); then a clean batch."""
+    call, model = private(world, ddp_options=ddp_options)
     out: dict = {}
     x = local(inputs(), rank, world)
     loss(call(x)).backward()  # DDP rebuilds its buckets after its first iteration
     grads(model)
     bad = x.clone()
     if rank == world - 1:
-        bad[0, 0] = float("nan")
+        bad[0, 0] = poison
     try:
         loss(call(bad)).backward()
         out["error"] = None
@@ -163,6 +172,90 @@ def case_failure(rank: int, world: int) -> dict:
     loss(call(x)).backward()
     out["after"] = grads(model)
     out["steps"] = flashdp.get_controller(model).steps
+    return out
+
+
+GLOBAL_BATCHES = ([0, 5, 7], [3], [], [2, 9, 11, 4])  # rank-local empty batches for W = 2, 3
+
+
+def case_local_empty(rank: int, world: int, sharded: bool) -> dict:
+    """Local batches that are empty on some ranks (and a global one that is empty): the
+    placeholder idiom, on a model with a buffer (DDP broadcasts buffers in every forward)."""
+    options = {
+        "noise_multiplier": 0.5,
+        "expected_batch_size": 4,
+        "generator": torch.Generator().manual_seed(21),
+    }
+    if sharded:
+        model = sharded_private(**options)
+        call = model
+    else:
+        call, model = private(world, **options)
+    model.register_buffer("seen", torch.zeros(1))
+    controller = flashdp.get_controller(model)
+    data, out = inputs(), {}
+    for step, indices in enumerate(GLOBAL_BATCHES):
+        mine = indices[rank::world] if dist.is_initialized() else indices
+        with controller.accumulate():
+            scale = 1.0 if mine else 0.0
+            (scale * loss(call(data[mine if mine else [0]]))).backward()
+        out[f"step{step}"] = full_grads(model)
+    return out
+
+
+def case_fsdp_more(rank: int, world: int) -> dict:
+    """FSDP2: its own no-sync mode, and a gradient escaping through a sharded parameter."""
+    out: dict = {}
+    model = sharded_private()
+    x = local(inputs(), rank, world)
+    if dist.is_initialized():
+        model.set_requires_gradient_sync(False)
+    loss(model(x[:2])).backward()
+    if dist.is_initialized():
+        model.set_requires_gradient_sync(True)
+    loss(model(x[2:])).backward()
+    out["no_sync"] = full_grads(model)
+    out["no_sync_steps"] = flashdp.get_controller(model).steps
+    escaping = sharded_private()
+    weight = escaping[0].weight
+    try:
+        full = weight.full_tensor() if hasattr(weight, "full_tensor") else weight
+        (loss(escaping(x)) + (x @ full.T).sum()).backward()
+        out["escape"] = None
+    except RuntimeError as error:
+        out["escape"] = str(error)
+    return out
+
+
+def case_mismatches(rank: int, world: int) -> dict:
+    """Refused: privacy settings that differ between ranks, DDP around non-private trainable
+    parameters, FSDP2 units outside the private model."""
+    out: dict = {}
+    call, _ = private(world, expected_batch_size=N + (rank > 0))
+    try:
+        loss(call(local(inputs(), rank, world))).backward()
+        out["settings"] = None
+    except RuntimeError as error:
+        out["settings"] = str(error)
+    model = flashdp.make_private(net(), max_grad_norm=C, noise_multiplier=0.0)
+    outer = nn.parallel.DistributedDataParallel(nn.Sequential(model, nn.Linear(3, 2)))
+    try:
+        outer(inputs())
+        out["ddp_outer"] = None
+    except ValueError as error:
+        out["ddp_outer"] = str(error)
+    from torch.distributed.fsdp import fully_shard
+
+    model = flashdp.make_private(
+        net(), max_grad_norm=C, noise_multiplier=0.0, expected_batch_size=N
+    )
+    fully_shard(model[0])
+    wrapper = fully_shard(nn.Sequential(model))
+    try:
+        wrapper(inputs())
+        out["fsdp_outer"] = None
+    except ValueError as error:
+        out["fsdp_outer"] = str(error)
     return out
 
 
@@ -244,6 +337,7 @@ def sharded_private(**options) -> nn.Module:
         "noise_multiplier": 0.0,
         "loss_reduction": "sum",
         "expected_batch_size": N,
+        "backend": "reference",
         **options,
     }
     model = flashdp.make_private(net(options.pop("width", WIDTH)), **options)
@@ -318,10 +412,17 @@ def run_all(rank: int, world: int) -> dict:
         out[f"sensitivity_{clipping}"] = case_sensitivity(rank, world, clipping)
     out["poisson"] = case_poisson(rank, world)
     out["noise"] = case_noise(rank, world)
-    out["failure"] = case_failure(rank, world)
+    out["failure"] = case_failure(rank, world, float("nan"))
+    out["failure_inf"] = case_failure(rank, world, float("inf"))
+    if dist.is_initialized():
+        out["failure_unused"] = case_failure(rank, world, float("inf"), find_unused_parameters=True)
+    out["local_empty"] = case_local_empty(rank, world, sharded=False)
+    out["local_empty_fsdp"] = case_local_empty(rank, world, sharded=True)
+    out["fsdp_more"] = case_fsdp_more(rank, world)
     out["checkpoint"] = case_checkpoint(rank, world)
     out["fsdp"] = case_fsdp(rank, world)
     if dist.is_initialized():
         out["out_of_step"] = case_out_of_step(rank, world)
         out["refusals"] = case_refusals(rank, world)
+        out["mismatches"] = case_mismatches(rank, world)
     return out

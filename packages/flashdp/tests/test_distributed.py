@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,15 +28,34 @@ HERE = Path(__file__).parent
 WORLDS = (2, 3)
 
 
-def _torchrun(world: int, out: Path) -> list[dict]:
+def run_processes(command: list[str], timeout: float = 240) -> str:
+    """Run ``command`` (a torchrun launch) in its own process group, one thread per process, on
+    the PyTorch reference kernels (no Triton interpreter); kill the whole group if it outlives
+    ``timeout`` (a rank waiting in a collective must not outlive the test); return stdout."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("TRITON_INTERPRET", None)
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, [env.get("PYTHONPATH")])])
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", str(world), str(HERE / "distributed_worker.py"), str(out),
-    ]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    with subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    ) as process:  # fmt: skip
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            pytest.fail(f"timed out after {timeout} s:\n{stdout[-3000:]}{stderr[-6000:]}")
+    assert process.returncode == 0, stdout[-3000:] + stderr[-6000:]
+    return stdout
+
+
+def torchrun(world: int, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(world), *args]  # fmt: skip
+
+
+def _torchrun(world: int, out: Path) -> list[dict]:
+    run_processes(torchrun(world, str(HERE / "distributed_worker.py"), str(out)))
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
@@ -131,21 +151,66 @@ def test_sensitivity_bounded_on_every_rank(ranks, clipping):
         assert 0.5 * cases.C < float(change) <= cases.C * (1 + 1e-4), (owner, float(change))
 
 
-def test_failed_rank_discards_the_batch_everywhere(ranks, single):
+@pytest.mark.parametrize(
+    ("key", "layer"),
+    [("failure", "2.weight"), ("failure_inf", "0.weight"), ("failure_unused", "0.weight")],
+    ids=["nan_every_layer", "inf_first_layer", "inf_find_unused_parameters"],
+)
+def test_failed_rank_discards_the_batch_everywhere(ranks, single, key, layer):
+    """A non-finite norm on the last rank, in every layer (NaN) or only in the first one to
+    run forward (inf: DDP has already marked the later layers ready), also with DDP's
+    find_unused_parameters (its own all-reduce runs inside the backward): the batch is
+    discarded on every rank, nobody waits, and the next batch is released normally."""
     world = len(ranks)
-    failing = ranks[-1]["failure"]
-    assert failing["error"].startswith("FloatingPointError: non-finite per-example gradient")
+    failing = ranks[-1][key]
+    assert failing["error"] == (
+        f"FloatingPointError: non-finite per-example gradient norm in {layer!r}; the step was "
+        "discarded"
+    )
     for other in ranks[:-1]:
-        assert other["failure"]["error"] == (
+        assert other[key]["error"] == (
             f"RuntimeError: 1 of {world} ranks discarded this logical batch (a failed backward "
             "pass or abort()); it was discarded on every rank"
         )
     # nothing released: .grad is None, or the zeros DDP copies from its (unused) buckets
-    assert all(r["failure"]["nothing_released"] for r in ranks)
+    assert all(r[key]["nothing_released"] for r in ranks)
     # the next batch is released normally, and the failed one was not counted
-    assert_identical_on_ranks([r["failure"] for r in ranks], "after")
-    assert_close(ranks[0]["failure"]["after"], single["failure"]["after"])
-    assert {r["failure"]["steps"] for r in ranks} == {2}
+    assert_identical_on_ranks([r[key] for r in ranks], "after")
+    assert_close(ranks[0][key]["after"], single["failure"]["after"])
+    assert {r[key]["steps"] for r in ranks} == {2}
+
+
+@pytest.mark.parametrize("key", ["local_empty", "local_empty_fsdp"], ids=["ddp", "fsdp2"])
+def test_rank_local_empty_batches(ranks, single, key):
+    """Ranks whose local batch is empty run a zero-weighted placeholder (the documented idiom)
+    on a model with a buffer: every release equals one process's, noise included."""
+    world = len(ranks)
+    assert any(b and not all(b[r::world] for r in range(world)) for b in cases.GLOBAL_BATCHES)
+    for step in range(len(cases.GLOBAL_BATCHES)):
+        assert_identical_on_ranks([r[key] for r in ranks], f"step{step}")
+        assert_close(ranks[0][key][f"step{step}"], single[key][f"step{step}"])
+
+
+def test_fsdp_own_no_sync_and_escape(ranks, single):
+    """FSDP2's set_requires_gradient_sync(False) defers the release like DDP's no_sync(); a
+    gradient reaching a sharded parameter outside its layer fails the batch."""
+    for r in ranks:
+        more = r["fsdp_more"]
+        assert more["no_sync_steps"] == 1
+        assert_close(more["no_sync"], single["fsdp"]["accumulated"])
+        assert "received a gradient outside its DP layer" in more["escape"]
+
+
+def test_mismatched_setups_are_refused(ranks):
+    for r in ranks:
+        found = r["mismatches"]
+        assert found["settings"].startswith("the ranks' private models have different privacy")
+        assert found["ddp_outer"].startswith(
+            "the DistributedDataParallel module holds trainable parameters outside the private"
+        )
+        assert found["fsdp_outer"].startswith(
+            "private parameters ['2.weight', '2.bias'] are not sharded by a fully_shard unit"
+        )
 
 
 def test_checkpoint_resumes_noise_and_accounting(ranks, single):
@@ -219,14 +284,8 @@ def test_gpt2_example_under_torchrun(tmp_path):
     """The README's example: a small GPT-2 trained privately on 2 processes."""
     pytest.importorskip("transformers")
     example = HERE.parent / "examples" / "ddp_gpt2.py"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        str(example), "--steps", "3", "--epsilon", "8",
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    last = done.stdout.strip().splitlines()[-1]
+    stdout = run_processes(torchrun(2, str(example), "--steps", "3", "--epsilon", "8"))
+    last = stdout.strip().splitlines()[-1]
     assert last.startswith("ε = "), last
     assert last.endswith("after 3 steps"), last
     assert float(last.split()[2]) <= 8.0
@@ -235,9 +294,7 @@ def test_gpt2_example_under_torchrun(tmp_path):
 def test_distributed_benchmark_runs(tmp_path):
     """The DDP / FSDP2 benchmark script (quick shape, one round) writes its table."""
     script = HERE.parent / "benchmarks" / "bench_distributed.py"
-    command = [sys.executable, str(script), "--quick", "--repeat", "1", "--out", str(tmp_path)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    run_processes([sys.executable, str(script), "--quick", "--repeat", "1", "--out", str(tmp_path)])
     table = (tmp_path / "bench_flashdp_distributed.md").read_text()
     for row in ("DDP non-DP", "DDP flashdp per_layer", "DDP flashdp flat", "FSDP2 flashdp"):
         assert f"| {row}" in table
@@ -250,14 +307,8 @@ def test_readme_torchrun_example(tmp_path):
     ]
     script = tmp_path / "train.py"
     script.write_text(block)
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        str(script),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    printed = sorted(line.split() for line in done.stdout.strip().splitlines())
+    stdout = run_processes(torchrun(2, str(script)))
+    printed = sorted(line.split() for line in stdout.strip().splitlines())
     assert [rank for rank, _ in printed] == ["0", "1"]
     assert printed[0][1] == printed[1][1]
     assert 0 < float(printed[0][1]) < math.inf

@@ -24,14 +24,23 @@ from torch import nn
 from flashdp.accountant import RDPAccountant
 from flashdp.clipping import Contribution, clip_coefficients
 from flashdp.config import PrivacyConfig
-from flashdp.distributed import GroupSync, active_ddp, attach_ddp, attach_fsdp, is_fsdp, sharded
+from flashdp.distributed import (
+    GroupSync,
+    active_ddp,
+    attach_ddp,
+    attach_fsdp,
+    gradient_sync_on,
+    is_fsdp,
+    sharded,
+)
 
 logger = logging.getLogger(__name__)
 
 EMPTY_BATCH = (
     "a batch of 0 examples reached a private layer; skip the forward and backward of an empty "
     "(Poisson-sampled) batch and keep the step inside `controller.accumulate()`, which still "
-    "releases the noise once"
+    "releases the noise once (under DDP or FSDP2, where every rank must run the forward and "
+    "backward, run one placeholder example with its loss multiplied by 0 instead)"
 )
 
 
@@ -73,19 +82,22 @@ def refuse_batch_norm_in_training(module: nn.Module, where: str) -> None:
         )
 
 
-def refuse_escape(parameter: torch.Tensor, name: str) -> None:
+def refuse_escape(parameter: torch.Tensor, name: str, controller: DPController) -> None:
     """Raise when ``parameter`` receives an autograd gradient: the DP layers hand none to
-    autograd, so any gradient reached it outside its layer and would escape clipping."""
+    autograd, so any gradient reached it outside its layer and would escape clipping. Across
+    processes the gradient is replaced by zeros and the batch fails at its release."""
 
-    def hook(grad: torch.Tensor | None) -> None:
+    def hook(grad: torch.Tensor | None) -> torch.Tensor | None:
         if grad is None:
-            return
-        raise RuntimeError(
+            return None
+        error = RuntimeError(
             f"parameter {name!r} received a gradient outside its DP layer (used directly "
             "elsewhere in the forward, e.g. by a tied output head): that gradient would escape "
             "clipping. Use the parameter only through its layer (untie it), or freeze it (with "
             "fallback='vmap', name the module whose forward uses it in fallback_modules)"
         )
+        controller._fail(error)  # raises, except inside a backward across processes
+        return torch.zeros_like(grad)
 
     parameter.register_hook(hook)
 
@@ -110,11 +122,6 @@ def refuse_recomputed(ctx: Any, controller: DPController, where: str) -> None:
             "accountant step of their own; the logical batch was discarded. Use "
             "use_reentrant=False or no activation checkpointing"
         )
-
-
-def _zero_sum(clipped_sum):
-    """A clipped-sum function that gives zeros of the same shape (a discarded contribution)."""
-    return lambda coef: torch.zeros_like(clipped_sum(coef))
 
 
 class DPController:
@@ -145,7 +152,8 @@ class DPController:
         self._batch_open = False  # something was gathered for the current logical batch
         self._sync: GroupSync | None = None  # set when the model runs under DDP
         self._reported = False  # this rank took part in the current batch's collective
-        self._failure: Exception | None = None  # FSDP2: raised at the release, on every rank
+        self._failure: Exception | None = None  # across processes: raised at the release
+        self._skip_until_sync = False  # aborted inside ddp.no_sync(): drop until the sync
         # FSDP2's unsharded parameters that carry the escape check, by id
         self._hooked: dict[int, weakref.ref[torch.Tensor]] = {}
         self._model: weakref.ref[nn.Module] | None = None
@@ -175,6 +183,18 @@ class DPController:
         if self._sync is None:
             attach_ddp(self, ddp)
 
+    def _fail(self, error: Exception) -> None:
+        """An error that discards the logical batch. In one process, or outside a backward:
+        discard it now and raise. Inside a backward across processes, raising would leave the
+        other ranks in this backward's collectives (DDP's reducer, FSDP2's reduce-scatters):
+        the error is kept, the backward finishes on zeros, and the release raises it on this
+        rank and a RuntimeError on the others."""
+        if self._sync is None or torch._C._current_graph_task_id() == -1:
+            self.abort()
+            raise error
+        if self._failure is None:
+            self._failure = error
+
     @property
     def _fsdp(self) -> bool:
         return self._sync is not None and self._sync.kind == "fsdp"
@@ -182,6 +202,9 @@ class DPController:
     def _check_distributed(self, model: nn.Module) -> None:
         if self._sync is None and is_fsdp(model):
             attach_fsdp(self, model)
+        if self._fsdp:
+            assert self._sync is not None
+            self._sync.sync_next = gradient_sync_on(model)
         ddp = active_ddp()
         if ddp is not None and any(m is model for m in ddp.module.modules()):
             self.attach(ddp)
@@ -244,13 +267,15 @@ class DPController:
             torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
         current = self._pass
         if batch_size != current.batch_size:
-            self.abort()
-            raise ValueError(
-                f"layer {layer!r} saw a batch of {batch_size} examples but {current.first_layer!r} "
-                f"saw {current.batch_size} in the same backward pass: every DP layer needs the "
-                "examples in the first dimension of its input (do not flatten the batch into "
-                "the sequence, and do not broadcast one input over the batch, e.g. give GPT-2 "
-                "position_ids of shape (B, T))"
+            self._fail(
+                ValueError(
+                    f"layer {layer!r} saw a batch of {batch_size} examples but "
+                    f"{current.first_layer!r} saw {current.batch_size} in the same backward "
+                    "pass: every DP layer needs the "
+                    "examples in the first dimension of its input (do not flatten the batch into "
+                    "the sequence, and do not broadcast one input over the batch, e.g. give GPT-2 "
+                    "position_ids of shape (B, T))"
+                )
             )
         return current
 
@@ -258,11 +283,12 @@ class DPController:
         """Take one layer's per-example contributions (called once per layer per backward)."""
         current = self._open_pass(layer, batch_size)
         if layer in current.layers:
-            self.abort()
-            raise RuntimeError(
-                f"layer {layer!r} ran twice in one backward pass: a layer called several times "
-                "per forward (or recomputed by activation checkpointing) would be clipped once "
-                "per call, not once per example; call each DP layer once per forward"
+            self._fail(
+                RuntimeError(
+                    f"layer {layer!r} ran twice in one backward pass: a layer called several times "
+                    "per forward (or recomputed by activation checkpointing) would be clipped once "
+                    "per call, not once per example; call each DP layer once per forward"
+                )
             )
         current.layers.add(layer)
         self._take(current, contributions)
@@ -277,25 +303,23 @@ class DPController:
         current.per_example[name] = grads if summed is None else summed + grads
 
     def _take(self, current: _Pass, contributions: list[Contribution]) -> None:
-        for index, contribution in enumerate(contributions):
+        for contribution in contributions:
             if not bool(torch.isfinite(contribution.norm2).all()):
-                error = FloatingPointError(
-                    f"non-finite per-example gradient norm in {contribution.name!r}; the step "
-                    "was discarded"
-                )
-                if self._fsdp:
-                    # Raising here would leave the other ranks waiting in FSDP2's
-                    # reduce-scatters of this backward, whose sizes must match on every rank:
-                    # finish it with zeros, fail at the release.
-                    self._failure = self._failure or error
-                    contributions[index] = Contribution(
-                        contribution.name,
-                        torch.zeros_like(contribution.norm2),
-                        _zero_sum(contribution.clipped_sum),
+                self._fail(
+                    FloatingPointError(
+                        f"non-finite per-example gradient norm in {contribution.name!r}; the step "
+                        "was discarded"
                     )
-                    continue
-                self.abort()
-                raise error
+                )
+                break
+        if self._failure is not None:
+            # a failed batch across processes: nothing is added, but FSDP2's reduce-scatters
+            # still need every parameter's gradient, in the same sizes on every rank
+            if self._fsdp:
+                for contribution in contributions:
+                    shape = self._parameters[contribution.name].shape
+                    self._add_unsharded(contribution.name, torch.zeros(shape))
+            return
         if self.config.clipping == "flat":
             current.pending.extend(contributions)
             return
@@ -312,6 +336,14 @@ class DPController:
         else:
             self._sums[name] = clipped_sum
 
+    def guard(self, parameter: torch.Tensor, name: str) -> None:
+        """Refuse autograd gradients reaching ``parameter`` (once per tensor object: FSDP2 keeps
+        a sharded and an unsharded one per parameter)."""
+        known = self._hooked.get(id(parameter))
+        if known is None or known() is not parameter:
+            refuse_escape(parameter, name, self)
+            self._hooked[id(parameter)] = weakref.ref(parameter)
+
     def _add_unsharded(self, name: str, clipped_sum: torch.Tensor) -> None:
         """FSDP2: the clipped sum, divided by B, goes to the gradient of the unsharded parameter
         inside the layer's backward, where FSDP2's reduce-scatter sums it over the ranks."""
@@ -320,16 +352,17 @@ class DPController:
         assert self.config.expected_batch_size is not None
         parameter = model.get_parameter(name)
         if sharded(parameter):
-            self.abort()
-            raise RuntimeError(
-                f"parameter {name!r} is still sharded in its layer's backward: FSDP2 did not "
-                "gather it, so its clipped gradient cannot reach the reduce-scatter"
+            self._fail(
+                RuntimeError(
+                    f"parameter {name!r} is still sharded in its layer's backward: FSDP2 did not "
+                    "gather it, so its clipped gradient cannot reach the reduce-scatter"
+                )
             )
-        known = self._hooked.get(id(parameter))
-        if known is None or known() is not parameter:
-            refuse_escape(parameter, name)
-            self._hooked[id(parameter)] = weakref.ref(parameter)
-        value = (clipped_sum / self.config.expected_batch_size).to(parameter.dtype)
+            return
+        self.guard(parameter, name)
+        value = (clipped_sum.to(parameter.device) / self.config.expected_batch_size).to(
+            parameter.dtype
+        )
         if parameter.grad is None:
             parameter.grad = value
         else:
@@ -353,8 +386,19 @@ class DPController:
         if self._accumulating:
             return
         if self._sync is not None:
+            if self._skip_until_sync:
+                # the rest of a logical batch already discarded on every rank: no collective
+                self._sums.clear()
+                self._examples = 0
+                if self._sync.sync_next:
+                    self._skip_until_sync = self._batch_open = False
+                    raise RuntimeError(
+                        "this logical batch was discarded on every rank (a backward pass or "
+                        "abort() inside no_sync()); its synchronised backward releases nothing"
+                    )
+                return
             if not self._sync.sync_next:
-                return  # inside ddp.no_sync(): released with the next synchronised backward
+                return  # without gradient sync: released with the next synchronised backward
             # after DDP's own end-of-backward callback, which writes its buckets to .grad
             torch.autograd.Variable._execution_engine.queue_callback(self._release)
             return
@@ -415,6 +459,8 @@ class DPController:
         if self._sync is not None and not self._reported:
             self._reported = True
             self._sync.agree(0, self.steps, failed=True)
+            # the micro-batches left of a logical batch accumulated without gradient sync
+            self._skip_until_sync = not self._sync.sync_next and not self._accumulating
 
     def _agree(self) -> int:
         """The number of examples in the logical batch on all ranks (checks that no rank
@@ -488,7 +534,12 @@ class DPController:
         std = self.config.noise_std
         for name in self._parameters:
             parameter = model.get_parameter(name)
-            self._sync.check_sharded(name, parameter)
+            try:
+                self._sync.check_sharded(name, parameter)
+            except BaseException:
+                self.abort()
+                raise
+            self.guard(parameter, name)
             local = parameter.to_local()
             added = torch.zeros(local.shape, device=local.device)
             if std > 0:

@@ -28,6 +28,7 @@ the batch is discarded on every rank and none waits for it. Ranks that disagree 
 released batches are refused at the next release.
 """
 
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,7 +83,7 @@ class GroupSync:
             the CPU.
     """
 
-    def __init__(self, kind: str, group: Any, device: torch.device) -> None:
+    def __init__(self, kind: str, group: Any, device: torch.device, settings: tuple = ()) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError(
                 f"{kind.upper()} is in use but torch.distributed has no process group"
@@ -91,9 +92,10 @@ class GroupSync:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
-        backend = dist.get_backend(group)
-        self.device = device if backend == "nccl" else torch.device("cpu")
-        self.sync_next = True  # DDP: False when the last forward ran inside ddp.no_sync()
+        self.device = _communication_device(str(dist.get_backend(group)), device)
+        self.sync_next = True  # False when the last forward ran without gradient sync
+        # the privacy settings must agree on every rank (σ, C, B, q, clipping, bounds)
+        self.settings = zlib.crc32(repr(settings).encode()) % (1 << 20)
 
     @property
     def adds_noise(self) -> bool:
@@ -103,11 +105,23 @@ class GroupSync:
     def agree(self, examples: int, steps: int, failed: bool) -> tuple[int, int]:
         """One small all-reduce per logical batch: returns (examples on all ranks, ranks that
         failed). Raises when the ranks have released different numbers of logical batches."""
+        h = self.settings
         control = torch.tensor(
-            [examples, int(failed), steps, steps * steps], dtype=torch.int64, device=self.device
+            [examples, int(failed), steps, steps * steps, h, h * h],
+            dtype=torch.int64,
+            device=self.device,
         )
         dist.all_reduce(control, group=self.group)
-        total, failures, step_sum, step_squares = (int(v) for v in control.tolist())
+        total, failures, step_sum, step_squares, h_sum, h_squares = (
+            int(v) for v in control.tolist()
+        )
+        if h_sum != self.world_size * h or h_squares != self.world_size * h * h:
+            raise RuntimeError(
+                "the ranks' private models have different privacy settings (noise multiplier, "
+                "max_grad_norm, expected_batch_size, sample_rate, clipping or layer bounds): "
+                "their gradients cannot be summed under one noise draw. Call make_private with "
+                "the same settings on every rank"
+            )
         # Σs = W·s and Σs² = W·s² on this rank's s hold exactly when every rank has s.
         if not failures and (
             step_sum != self.world_size * steps or step_squares != self.world_size * steps**2
@@ -143,14 +157,46 @@ class GroupSync:
             offset += tensor.numel()
 
 
+def _communication_device(backend: str, device: torch.device) -> torch.device:
+    """Where the release's collectives run: the parameters' GPU when the group has NCCL for it
+    (``"nccl"``, ``"cuda:nccl"`` in a multi-backend string, or the default pair), else the CPU."""
+    if device.type == "cuda" and ("nccl" in backend or backend == "undefined"):
+        return device
+    return torch.device("cpu")
+
+
+def _settings(controller: Any) -> tuple:
+    config = controller.config
+    return (
+        config.noise_multiplier,
+        config.max_grad_norm,
+        config.expected_batch_size,
+        config.sample_rate,
+        config.clipping,
+        config.loss_reduction,
+        config.layer_norms,
+        tuple(controller._parameters),
+    )
+
+
 def attach_ddp(controller: Any, ddp: nn.parallel.DistributedDataParallel) -> None:
     """Let ``controller`` reduce the private gradients of the model ``ddp`` wraps."""
+    private = {id(p) for p in controller._parameters.values()}
+    outside = [
+        n for n, p in ddp.module.named_parameters() if p.requires_grad and id(p) not in private
+    ]
+    if outside:
+        raise ValueError(
+            f"the DistributedDataParallel module holds trainable parameters outside the private "
+            f"model: {outside}. flashdp replaces DDP's all-reduce, so they would never be "
+            "synchronised; make the whole module DDP wraps private, or freeze them"
+        )
     try:
         ddp.register_comm_hook(state=None, hook=_keep_local)
     except RuntimeError as error:
         raise RuntimeError(DDP_HOOK_TAKEN) from error
     device = next(iter(controller._parameters.values())).device
-    controller._sync = GroupSync("ddp", ddp.process_group, device)
+    controller._sync = GroupSync("ddp", ddp.process_group, device, _settings(controller))
 
 
 def sharded(tensor: torch.Tensor) -> bool:
@@ -238,9 +284,70 @@ def attach_fsdp(controller: Any, model: nn.Module) -> None:
             "per-example gradients are clipped at the end of the backward, after FSDP2 has "
             f"reduce-scattered them ({list(controller.fallback_modules)})"
         )
+    sharded_roots = {name for name, m in model.named_modules() if isinstance(m, FSDPModule)}
+    outside = [
+        name
+        for name in controller._parameters
+        if not any(root == "" or name.startswith(root + ".") for root in sharded_roots)
+    ]
+    if outside:
+        raise ValueError(
+            f"private parameters {outside} are not sharded by a fully_shard unit inside the "
+            "private model (an outer unit would average their gradients over the ranks): "
+            "call fully_shard on the private model or its submodules"
+        )
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)  # a sum over the ranks, not a mean
             module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
     device = next(p.device for p in model.parameters())
-    controller._sync = ShardedSync("fsdp", None, device)
+    sync = ShardedSync("fsdp", None, device, _settings(controller))
+    names = {id(p): n for n, p in model.named_parameters()}
+    for group in fsdp_param_groups(model):
+        for fsdp_param in getattr(group, "fsdp_params", ()):
+            parameter = fsdp_param.sharded_param
+            name = names.get(id(parameter)) or _qualified(model, fsdp_param)
+            if name in controller._parameters:
+                sync.check_sharded(name, parameter)
+                controller.guard(parameter, name)
+        if not getattr(group, "reshard_after_backward", True):
+            raise NotImplementedError(
+                "flashdp needs FSDP2's default reshard_after_backward=True: the release adds "
+                "the noise to the sharded gradients after the backward"
+            )
+    controller._sync = sync
+
+
+def fsdp_param_groups(model: nn.Module) -> list[Any]:
+    """FSDP2's parameter groups of the units inside ``model`` (an internal structure of torch;
+    empty where it is not available, and only the release-time checks then apply)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    groups = []
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        try:
+            state = module._get_fsdp_state()
+            found = getattr(state, "_fsdp_param_groups", None) or [state._fsdp_param_group]
+        except AttributeError:  # pragma: no cover - another torch layout
+            continue
+        groups.extend(g for g in found if g is not None)
+    return groups
+
+
+def gradient_sync_on(model: nn.Module) -> bool:
+    """False when ``set_requires_gradient_sync(False)`` is in force on an FSDP2 unit of
+    ``model`` (its micro-batches accumulate locally, like DDP's ``no_sync()``)."""
+    return all(getattr(g, "reduce_grads", True) for g in fsdp_param_groups(model))
+
+
+def _qualified(model: nn.Module, fsdp_param: Any) -> str | None:
+    """The name of an FSDP2 parameter in ``model``, from its module and attribute."""
+    info = getattr(fsdp_param, "_module_info", None)
+    if info is None:
+        return None
+    for prefix, module in model.named_modules():
+        if module is info.module:
+            return f"{prefix}.{info.param_name}" if prefix else info.param_name
+    return None

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from flashdp.config import Clipping, LossReduction, PrivacyConfig
-from flashdp.controller import DPController, refuse_escape
+from flashdp.controller import DPController
 from flashdp.fallback import VmapFallback
 from flashdp.layers import DPConv1D, DPEmbedding, DPLayer, DPLayerNorm, DPLinear, DPRMSNorm
 
@@ -271,7 +271,7 @@ def make_private(
     )
     controller = DPController(config, {name: parameters[name] for name in names}, generator)
     for name in names:
-        refuse_escape(parameters[name], name)
+        controller.guard(parameters[name], name)
     for module_name, names_in_module in fallbacks.items():
         module = modules[module_name]
         # the forward is replaced on the instance: the module keeps its type, methods, state dict

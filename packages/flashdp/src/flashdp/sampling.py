@@ -115,14 +115,19 @@ class DistributedPoissonSampler:
     depend on the number of ranks, so the accountant's sample rate is q and its expected size
     q·N (``expected_batch_size`` in :func:`flashdp.make_private`), as in one process.
 
-    Run every step on every rank, an empty one inside ``controller.accumulate()`` (it still
-    takes part in the release).
+    Run every step on every rank inside ``controller.accumulate()``. DDP's and FSDP2's forward
+    and backward are collectives, so a rank whose local batch is empty runs one placeholder
+    example (any index) with its loss multiplied by 0: its clipped gradient is exactly zero and
+    the gradient's denominator is the expected batch size, so the release is unchanged.
+    Checkpoint the sampler with the model (:meth:`state_dict`): restarting from the seed would
+    draw the same batches again, which the accountant does not assume.
 
     Args:
         num_examples: N, the dataset size.
         sample_rate: q in (0, 1].
-        seed: seed of the global draw; must be the same on every rank (checked when a process
-            group is initialised).
+        seed: seed of the global draw; must be the same on every rank (checked, modulo 2²⁰,
+            when a process group is initialised; under NCCL on the current CUDA device, so
+            call ``torch.cuda.set_device`` first).
         steps: batches per iteration over the sampler (default: ⌈1/q⌉).
         rank: this process's rank (default: from ``torch.distributed``, or 0).
         world_size: the number of ranks (default: from ``torch.distributed``, or 1).
@@ -172,6 +177,16 @@ class DistributedPoissonSampler:
         for indices in self.global_sampler:
             yield indices[self.rank :: self.world_size]
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The generator's state: where the sequence of global batches stands."""
+        return {"generator": self.global_sampler.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Continue the sequence of global batches from :meth:`state_dict`."""
+        if not isinstance(state, dict) or set(state) != {"generator"}:
+            raise ValueError("a sampler state has exactly the key 'generator'")
+        self.global_sampler.generator.set_state(state["generator"])
+
 
 def _check_same_seed(seed: int) -> None:
     """All ranks must draw the same global batches: Σs = W·s and Σs² = W·s² on every rank."""
@@ -179,8 +194,8 @@ def _check_same_seed(seed: int) -> None:
     check = torch.tensor([folded, folded * folded], dtype=torch.int64)
     world = torch.distributed.get_world_size()
     backend = torch.distributed.get_backend()
-    if backend == "nccl":
-        check = check.cuda()
+    if "nccl" in str(backend) or backend == "undefined":
+        check = check.to(torch.device("cuda", torch.cuda.current_device()))
     torch.distributed.all_reduce(check)
     if check.tolist() != [world * folded, world * folded * folded]:
         raise ValueError(
