@@ -34,7 +34,12 @@ def loss(out: torch.Tensor, _targets=None) -> torch.Tensor:
 
 
 def private(
-    world: int, *, reverse: bool = False, ddp_options: dict | None = None, **options
+    world: int,
+    *,
+    reverse: bool = False,
+    ddp_options: dict | None = None,
+    buffer: bool = False,
+    **options,
 ) -> tuple[nn.Module, nn.Module]:
     """(the module to call, the private model), under DDP when ``world`` > 0 ranks run."""
     options = {
@@ -52,6 +57,8 @@ def private(
         ddp = flashdp.make_private(nn.parallel.DistributedDataParallel(net(width)), **options)
         return ddp, ddp.module
     model = flashdp.make_private(net(width), **options)
+    if buffer:  # before DDP wraps it: DDP broadcasts rank 0's buffers in every forward
+        model.register_buffer("seen", torch.zeros(1))
     return nn.parallel.DistributedDataParallel(model, **(ddp_options or {})), model
 
 
@@ -190,8 +197,9 @@ def case_local_empty(rank: int, world: int, sharded: bool) -> dict:
         model = sharded_private(**options)
         call = model
     else:
-        call, model = private(world, **options)
-    model.register_buffer("seen", torch.zeros(1))
+        call, model = private(world, buffer=True, **options)
+        if dist.is_initialized():
+            assert call.modules_buffers, "DDP must see the buffer"
     controller = flashdp.get_controller(model)
     data, out = inputs(), {}
     for step, indices in enumerate(GLOBAL_BATCHES):
@@ -200,6 +208,32 @@ def case_local_empty(rank: int, world: int, sharded: bool) -> dict:
             scale = 1.0 if mine else 0.0
             (scale * loss(call(data[mine if mine else [0]]))).backward()
         out[f"step{step}"] = full_grads(model)
+    return out
+
+
+def case_abort_in_no_sync(rank: int, world: int) -> dict:
+    """Every rank aborts after a micro-batch inside ``ddp.no_sync()``: the synchronised
+    backward that ends the batch releases nothing and raises; the next batches are released
+    normally (DDP's own end-of-backward ran)."""
+    call, model = private(world)
+    controller = flashdp.get_controller(model)
+    x = local(inputs(), rank, world)
+    loss(call(x)).backward()  # DDP's first iteration
+    grads(model)
+    out: dict = {}
+    with call.no_sync():
+        loss(call(x[:2])).backward()
+    controller.abort()
+    try:
+        loss(call(x[2:])).backward()
+        out["error"] = None
+    except RuntimeError as error:
+        out["error"] = str(error)
+    model.zero_grad(set_to_none=True)
+    for step in range(2):
+        loss(call(x)).backward()
+        out[f"after{step}"] = grads(model)
+    out["steps"] = controller.steps
     return out
 
 
@@ -425,4 +459,5 @@ def run_all(rank: int, world: int) -> dict:
         out["out_of_step"] = case_out_of_step(rank, world)
         out["refusals"] = case_refusals(rank, world)
         out["mismatches"] = case_mismatches(rank, world)
+        out["abort_in_no_sync"] = case_abort_in_no_sync(rank, world)
     return out

@@ -312,3 +312,12 @@ def test_readme_torchrun_example(tmp_path):
     assert [rank for rank, _ in printed] == ["0", "1"]
     assert printed[0][1] == printed[1][1]
     assert 0 < float(printed[0][1]) < math.inf
+
+
+def test_abort_inside_no_sync(ranks, single):
+    for r in ranks:
+        found = r["abort_in_no_sync"]
+        assert found["error"].startswith("this logical batch was discarded on every rank")
+        assert found["steps"] == 3  # the first iteration and the two after the discarded one
+        for step in range(2):
+            assert_close(found[f"after{step}"], single["one_backward_per_layer_False"]["step0"])

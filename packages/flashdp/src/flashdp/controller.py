@@ -29,6 +29,8 @@ from flashdp.distributed import (
     active_ddp,
     attach_ddp,
     attach_fsdp,
+    check_fsdp_settings,
+    discard_fsdp_gradients,
     gradient_sync_on,
     is_fsdp,
     sharded,
@@ -204,6 +206,7 @@ class DPController:
             attach_fsdp(self, model)
         if self._fsdp:
             assert self._sync is not None
+            check_fsdp_settings(model)
             self._sync.sync_next = gradient_sync_on(model)
         ddp = active_ddp()
         if ddp is not None and any(m is model for m in ddp.module.modules()):
@@ -261,7 +264,7 @@ class DPController:
                     "batch was discarded: leave the block and start the batch again"
                 )
         if self._pass is None:
-            if not self._batch_open and not self._accumulating:
+            if not (self._batch_open or self._accumulating or self._skip_until_sync):
                 self._open_batch()
             self._pass = _Pass(batch_size, layer, graph_task)
             torch.autograd.Variable._execution_engine.queue_callback(self._end_pass)
@@ -344,6 +347,14 @@ class DPController:
             refuse_escape(parameter, name, self)
             self._hooked[id(parameter)] = weakref.ref(parameter)
 
+    def _raise_discarded(self) -> None:
+        if self._fsdp:
+            self._discard_sharded()  # FSDP2 has just reduce-scattered the discarded batch
+        raise RuntimeError(
+            "this logical batch was discarded on every rank (abort() or an exception inside "
+            "no_sync()); its synchronised backward releases nothing"
+        )
+
     def _add_unsharded(self, name: str, clipped_sum: torch.Tensor) -> None:
         """FSDP2: the clipped sum, divided by B, goes to the gradient of the unsharded parameter
         inside the layer's backward, where FSDP2's reduce-scatter sums it over the ranks."""
@@ -390,12 +401,12 @@ class DPController:
                 # the rest of a logical batch already discarded on every rank: no collective
                 self._sums.clear()
                 self._examples = 0
+                self._failure = None
                 if self._sync.sync_next:
                     self._skip_until_sync = self._batch_open = False
-                    raise RuntimeError(
-                        "this logical batch was discarded on every rank (a backward pass or "
-                        "abort() inside no_sync()); its synchronised backward releases nothing"
-                    )
+                    # raised after DDP's and FSDP2's own end-of-backward callbacks, which must
+                    # run for their next iteration
+                    torch.autograd.Variable._execution_engine.queue_callback(self._raise_discarded)
                 return
             if not self._sync.sync_next:
                 return  # without gradient sync: released with the next synchronised backward
@@ -411,7 +422,10 @@ class DPController:
         """Sum the clipped gradients of every backward pass inside, add noise once on exit.
 
         Use it for gradient accumulation over micro-batches, and for Poisson batches that may be
-        empty (an empty block still releases noise, as the accountant assumes).
+        empty (an empty block still releases noise, as the accountant assumes). Under DDP or
+        FSDP2 every rank runs the forward and backward of every micro-batch (they are
+        collectives): a rank with an empty local batch runs a placeholder example with its loss
+        multiplied by 0.
 
         Example:
             >>> with controller.accumulate():  # doctest: +SKIP
@@ -429,6 +443,7 @@ class DPController:
                 "released): finish it with a backward outside no_sync() before accumulate()"
             )
         self._open_batch()
+        self._skip_until_sync = False
         self._accumulating = True
         try:
             yield
@@ -514,7 +529,7 @@ class DPController:
         logger.debug("released logical batch %d (%d examples)", self.steps, examples)
         self._sums.clear()
         self._examples = 0
-        self._batch_open = False
+        self._batch_open = self._skip_until_sync = False
 
     def _discard_sharded(self) -> None:
         """FSDP2 has already reduce-scattered part of the batch into the gradients, without
@@ -525,6 +540,7 @@ class DPController:
             return
         for name in self._parameters:
             model.get_parameter(name).grad = None
+        discard_fsdp_gradients(model)  # the sharded, unsharded and no-sync accumulated ones
 
     def _release_sharded(self, denominator: int) -> None:
         """FSDP2: the local shard of every gradient already holds Σ clip(g_b) / B over all ranks

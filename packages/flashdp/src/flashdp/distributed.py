@@ -310,12 +310,32 @@ def attach_fsdp(controller: Any, model: nn.Module) -> None:
             if name in controller._parameters:
                 sync.check_sharded(name, parameter)
                 controller.guard(parameter, name)
+    check_fsdp_settings(model)
+    controller._sync = sync
+
+
+def check_fsdp_settings(model: nn.Module) -> None:
+    """FSDP2 settings flashdp cannot release under (checked at every forward: they can change
+    between steps)."""
+    for group in fsdp_param_groups(model):
         if not getattr(group, "reshard_after_backward", True):
             raise NotImplementedError(
                 "flashdp needs FSDP2's default reshard_after_backward=True: the release adds "
                 "the noise to the sharded gradients after the backward"
             )
-    controller._sync = sync
+
+
+def discard_fsdp_gradients(model: nn.Module) -> None:
+    """Drop every gradient FSDP2 holds for the units inside ``model``: the sharded ``.grad``,
+    the unsharded one and the one accumulated without gradient sync (none of them is noised)."""
+    for group in fsdp_param_groups(model):
+        for fsdp_param in getattr(group, "fsdp_params", ()):
+            fsdp_param.sharded_param.grad = None
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            if unsharded is not None:
+                unsharded.grad = None
+            if getattr(fsdp_param, "unsharded_accumulated_grad", None) is not None:
+                fsdp_param.unsharded_accumulated_grad = None
 
 
 def fsdp_param_groups(model: nn.Module) -> list[Any]:

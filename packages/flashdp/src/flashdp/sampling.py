@@ -126,8 +126,9 @@ class DistributedPoissonSampler:
         num_examples: N, the dataset size.
         sample_rate: q in (0, 1].
         seed: seed of the global draw; must be the same on every rank (checked, modulo 2²⁰,
-            when a process group is initialised; under NCCL on the current CUDA device, so
-            call ``torch.cuda.set_device`` first).
+            when a process group is initialised: a collective, so build the sampler on every
+            rank; under NCCL on the current CUDA device, so call ``torch.cuda.set_device``
+            first).
         steps: batches per iteration over the sampler (default: ⌈1/q⌉).
         rank: this process's rank (default: from ``torch.distributed``, or 0).
         world_size: the number of ranks (default: from ``torch.distributed``, or 1).
@@ -194,7 +195,7 @@ def _check_same_seed(seed: int) -> None:
     check = torch.tensor([folded, folded * folded], dtype=torch.int64)
     world = torch.distributed.get_world_size()
     backend = torch.distributed.get_backend()
-    if "nccl" in str(backend) or backend == "undefined":
+    if backend == "nccl":  # multi-backend groups ("cpu:gloo,cuda:nccl") take CPU tensors
         check = check.to(torch.device("cuda", torch.cuda.current_device()))
     torch.distributed.all_reduce(check)
     if check.tolist() != [world * folded, world * folded * folded]:
