@@ -1,11 +1,14 @@
-"""Shared helpers: sequential replay of token prompts through a PrefixCache."""
+"""Shared helpers: sequential replay of token prompts through a PrefixCache, and a small
+synthetic trace file."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
+import lpc_cache
 from lpc_cache import Access, PrefixCache, block_hashes
 
 
@@ -45,3 +48,34 @@ def replay(prompts, policy, capacity_tokens, block_size=1, probabilities=None, c
 @pytest.fixture(scope="session")
 def sequential():
     return replay
+
+
+def synthetic_trace(path: Path, *, user_text: bool = True, conversations: int = 30) -> Path:
+    """A small trace of ``conversations`` made-up conversations (1-4 turns, byte tokens) saved to
+    ``path``; ``user_text=False`` drops the turns' text, as a trace built without it has."""
+    convs = []
+    for c in range(conversations):
+        turns = []
+        for k in range(1 + c % 4):
+            turns.append({"role": "user", "text": f"question {c} {k} " + "q" * (c % 7) * 9})
+            turns.append({"role": "assistant", "text": "answer " + "a" * (20 + c)})
+        convs.append(turns)
+    trace = lpc_cache.build_trace(
+        convs, lambda texts: [[ord(ch) for ch in t] for t in texts], lpc_cache.TraceConfig()
+    )
+    if not user_text:
+        trace = lpc_cache.Trace(
+            [
+                lpc_cache.Request(
+                    r.time, r.conversation_id, r.turn, r.prompt, r.output_tokens, r.last_turn
+                )
+                for r in trace.requests
+            ]
+        )
+    return lpc_cache.save_trace(trace, path)
+
+
+@pytest.fixture
+def write_trace():
+    """:func:`synthetic_trace`, for tests that write a trace file."""
+    return synthetic_trace

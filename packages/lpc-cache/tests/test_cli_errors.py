@@ -15,34 +15,11 @@ from lpc_cache import __main__ as cli_main
 from lpc_cache.__main__ import main
 
 
-def _trace(path: Path, *, user_text: bool = True, conversations: int = 30) -> Path:
-    convs = []
-    for c in range(conversations):
-        turns = []
-        for k in range(1 + c % 4):
-            turns.append({"role": "user", "text": f"question {c} {k} " + "q" * (c % 7) * 9})
-            turns.append({"role": "assistant", "text": "answer " + "a" * (20 + c)})
-        convs.append(turns)
-    trace = lpc_cache.build_trace(
-        convs, lambda texts: [[ord(ch) for ch in t] for t in texts], lpc_cache.TraceConfig()
-    )
-    if not user_text:
-        trace = lpc_cache.Trace(
-            [
-                lpc_cache.Request(
-                    r.time, r.conversation_id, r.turn, r.prompt, r.output_tokens, r.last_turn
-                )
-                for r in trace.requests
-            ]
-        )
-    return lpc_cache.save_trace(trace, path)
-
-
 @pytest.fixture
-def work(tmp_path, monkeypatch):
+def work(tmp_path, monkeypatch, write_trace):
     """An empty working folder holding a valid trace, a valid predictor and a plain file."""
     monkeypatch.chdir(tmp_path)
-    _trace(tmp_path / "t.jsonl")
+    write_trace(tmp_path / "t.jsonl")
     config = lpc_cache.PredictorConfig(embedding_dim=4, history=0)
     lpc_cache.ContinuationPredictor(config).save(tmp_path / "pred")
     (tmp_path / "FILE").write_text("not a folder\n")
@@ -223,24 +200,26 @@ def test_corrupt_trace_is_refused_naming_the_file(work, capsys, content, expect)
         assert expect in line
 
 
-def test_train_refuses_a_trace_it_cannot_learn_from_before_embedding(work, capsys, monkeypatch):
+def test_train_refuses_a_trace_it_cannot_learn_from_before_embedding(
+    work, capsys, monkeypatch, write_trace
+):
     monkeypatch.setattr(cli_main, "_sentence_encoder", lambda d: pytest.fail("encoder loaded"))
     # a trace without user_text gives the predictor nothing to read
-    _trace(work / "bare.jsonl", user_text=False)
+    write_trace(work / "bare.jsonl", user_text=False)
     line = refused(["train-predictor", "--trace", "bare.jsonl", "--out", "p2"], capsys, work)
     assert "bare.jsonl" in line
     assert "user_text" in line
     # one conversation cannot be split into a training and a validation set
-    _trace(work / "one.jsonl", conversations=1)
+    write_trace(work / "one.jsonl", conversations=1)
     line = refused(["train-predictor", "--trace", "one.jsonl", "--out", "p2"], capsys, work)
     assert "one.jsonl" in line
     assert "empty" in line
 
 
-def test_lpc_needs_user_text_before_embedding(work, capsys, monkeypatch):
+def test_lpc_needs_user_text_before_embedding(work, capsys, monkeypatch, write_trace):
     monkeypatch.setattr(cli_main, "_sentence_encoder", lambda d: pytest.fail("encoder loaded"))
     # a trace without user_text gives the predictor nothing to read
-    _trace(work / "bare.jsonl", user_text=False)
+    write_trace(work / "bare.jsonl", user_text=False)
     argv = ["simulate", "--trace", "bare.jsonl", "--policy", "lpc", "--capacity-tokens", "9"]
     line = refused([*argv, "--predictor", "pred"], capsys, work)
     assert "bare.jsonl" in line
@@ -309,8 +288,8 @@ def test_failed_training_leaves_no_predictor_folder(work, capsys, monkeypatch):
     assert lpc_cache.ContinuationPredictor.load(work / "p2").config.embedding_dim == 4
 
 
-def test_save_trace_is_atomic(tmp_path, monkeypatch):
-    trace = lpc_cache.load_trace(_trace(tmp_path / "t.jsonl"))
+def test_save_trace_is_atomic(tmp_path, monkeypatch, write_trace):
+    trace = lpc_cache.load_trace(write_trace(tmp_path / "t.jsonl"))
     target = tmp_path / "new" / "copy.jsonl"
     calls = []
 

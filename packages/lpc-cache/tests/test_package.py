@@ -28,22 +28,8 @@ def test_import_is_lean():
     assert not footprint["cuda"]
 
 
-def _write_trace(path: Path) -> Path:
-    convs = []
-    for c in range(30):
-        turns = []
-        for k in range(1 + c % 4):
-            turns.append({"role": "user", "text": f"question {c} {k} " + "q" * (c % 7) * 9})
-            turns.append({"role": "assistant", "text": "answer " + "a" * (20 + c)})
-        convs.append(turns)
-    trace = lpc_cache.build_trace(
-        convs, lambda texts: [[ord(ch) for ch in t] for t in texts], lpc_cache.TraceConfig()
-    )
-    return lpc_cache.save_trace(trace, path)
-
-
-def test_cli_simulate_json(tmp_path, capsys):
-    path = _write_trace(tmp_path / "t.jsonl")
+def test_cli_simulate_json(tmp_path, capsys, write_trace):
+    path = write_trace(tmp_path / "t.jsonl")
     assert (
         main(
             [
@@ -68,8 +54,8 @@ def test_cli_simulate_json(tmp_path, capsys):
     assert 0 < result["hit_ratio"] < 1
 
 
-def test_cli_sweep_and_lpc_needs_a_predictor(tmp_path, capsys):
-    path = _write_trace(tmp_path / "t.jsonl")
+def test_cli_sweep_and_lpc_needs_a_predictor(tmp_path, capsys, write_trace):
+    path = write_trace(tmp_path / "t.jsonl")
     args = [
         "sweep",
         "--trace",
@@ -101,8 +87,8 @@ def test_cli_help_and_version():
     assert np.isfinite(lpc_cache.ServingModel().prefill_s_per_token)
 
 
-def test_cli_bad_input_is_a_clear_error(tmp_path, capsys):
-    path = _write_trace(tmp_path / "t.jsonl")
+def test_cli_bad_input_is_a_clear_error(tmp_path, capsys, write_trace):
+    path = write_trace(tmp_path / "t.jsonl")
     base = ["simulate", "--trace", str(path), "--capacity-tokens"]
     for args, message in (
         ([*base, "100", "--policy", "mru"], "unknown policy 'mru'"),
