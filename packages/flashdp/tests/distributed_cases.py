@@ -265,6 +265,11 @@ def case_mismatches(rank: int, world: int) -> dict:
     """Refused: privacy settings that differ between ranks, DDP around non-private trainable
     parameters, FSDP2 units outside the private model."""
     out: dict = {}
+    try:
+        flashdp.DistributedPoissonSampler(N, 0.5, seed=rank)
+        out["seed"] = None
+    except ValueError as error:
+        out["seed"] = str(error)
     call, _ = private(world, expected_batch_size=N + (rank > 0))
     try:
         loss(call(local(inputs(), rank, world))).backward()

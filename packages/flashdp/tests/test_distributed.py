@@ -204,6 +204,7 @@ def test_fsdp_own_no_sync_and_escape(ranks, single):
 def test_mismatched_setups_are_refused(ranks):
     for r in ranks:
         found = r["mismatches"]
+        assert found["seed"].startswith("DistributedPoissonSampler got different seeds")
         assert found["settings"].startswith("the ranks' private models have different privacy")
         assert found["ddp_outer"].startswith(
             "the DistributedDataParallel module holds trainable parameters outside the private"
@@ -292,11 +293,14 @@ def test_gpt2_example_under_torchrun(tmp_path):
 
 
 def test_distributed_benchmark_runs(tmp_path):
-    """The DDP / FSDP2 benchmark script (quick shape, one round) writes its table."""
+    """The DDP / FSDP2 benchmark script (quick shape, one round) writes its table, Opacus'
+    distributed DP-SGD beside flashdp."""
     script = HERE.parent / "benchmarks" / "bench_distributed.py"
     run_processes([sys.executable, str(script), "--quick", "--repeat", "1", "--out", str(tmp_path)])
     table = (tmp_path / "bench_flashdp_distributed.md").read_text()
-    for row in ("DDP non-DP", "DDP flashdp per_layer", "DDP flashdp flat", "FSDP2 flashdp"):
+    rows = ("DDP non-DP", "DDP flashdp per_layer", "DDP flashdp flat", "FSDP2 flashdp")
+    rows += ("Opacus DPDDP per_layer hooks", "Opacus DPDDP ghost")  # the anchor (test extra)
+    for row in rows:
         assert f"| {row}" in table
 
 

@@ -49,9 +49,18 @@ def _sgd_step(model: nn.Module, loss_fn, tokens, targets, lr: float = 1e-3) -> C
     return step
 
 
-def _opacus_step(model: nn.Module, tokens, targets, mode: str) -> Callable[[], None]:
+def _opacus_step(
+    model: nn.Module, tokens, targets, mode: str, distributed: bool = False
+) -> Callable[[], None]:
+    """Opacus' DP-SGD step (``mode``: ``"hooks"`` per-layer, ``"ghost"`` clipping); with
+    ``distributed``, under its ``DifferentiallyPrivateDistributedDataParallel``, whose optimizer
+    noises on rank 0 and all-reduces the gradients."""
     from opacus import PrivacyEngine
 
+    if distributed:
+        from opacus.distributed import DifferentiallyPrivateDistributedDataParallel
+
+        model = DifferentiallyPrivateDistributedDataParallel(model)
     dataset = torch.utils.data.TensorDataset(tokens, targets)
     loader = torch.utils.data.DataLoader(dataset, batch_size=len(tokens))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -161,7 +170,8 @@ def distributed_candidates(shape: BenchShape, device: str) -> dict[str, Callable
     size = (shape.batch_size, shape.config.seq_len)
     tokens = torch.randint(0, shape.config.vocab_size, size, generator=generator)
     targets = torch.randint(0, shape.config.vocab_size, size, generator=generator)
-    tokens, targets = tokens[rank::world].to(device), targets[rank::world].to(device)
+    tokens = tokens[rank::world].contiguous().to(device)
+    targets = targets[rank::world].contiguous().to(device)
     loss_fn = SequenceCrossEntropy()
     ids = [torch.device(device).index] if torch.device(device).type == "cuda" else None
 
@@ -182,10 +192,17 @@ def distributed_candidates(shape: BenchShape, device: str) -> dict[str, Callable
     def ddp(model: nn.Module) -> nn.Module:
         return DistributedDataParallel(model, device_ids=ids)
 
+    opacus = {}
+    if importlib.util.find_spec("opacus") is not None:
+        for mode in ("hooks", "ghost"):
+            opacus[f"Opacus DPDDP {'per_layer hooks' if mode == 'hooks' else mode}"] = _opacus_step(
+                copy.deepcopy(base), tokens, targets, mode, distributed=True
+            )
     return {
         "DDP non-DP": _sgd_step(ddp(copy.deepcopy(base)), loss_fn, tokens, targets),
         "DDP flashdp per_layer": _sgd_step(ddp(private("per_layer")), loss_fn, tokens, targets),
         "DDP flashdp flat": _sgd_step(ddp(private("flat")), loss_fn, tokens, targets),
+        **opacus,
         "FSDP2 non-DP": _sgd_step(sharded(copy.deepcopy(base)), loss_fn, tokens, targets),
         "FSDP2 flashdp per_layer": _sgd_step(
             sharded(private("per_layer")), loss_fn, tokens, targets

@@ -73,6 +73,28 @@ def is_fsdp(module: nn.Module) -> bool:
     return any(isinstance(m, FSDPModule) for m in module.modules())
 
 
+def sum_and_compare(
+    summed: Sequence[int], equal: Sequence[int], group: Any, device: torch.device
+) -> tuple[list[int], list[bool]]:
+    """One int64 all-reduce over ``group``: the sums over the ranks of ``summed``, and for each
+    value of ``equal`` whether every rank holds the same one (Σv = W·v and Σv² = W·v² on this
+    rank's v hold exactly when all ranks' v are equal; keep W·v² inside int64)."""
+    world = dist.get_world_size(group)
+    control = torch.tensor(
+        [*summed, *(term for v in equal for term in (v, v * v))],
+        dtype=torch.int64,
+        device=device,
+    )
+    dist.all_reduce(control, group=group)
+    values = [int(v) for v in control.tolist()]
+    sums, moments = values[: len(summed)], values[len(summed) :]
+    same = [
+        moments[2 * i] == world * v and moments[2 * i + 1] == world * v * v
+        for i, v in enumerate(equal)
+    ]
+    return sums, same
+
+
 class GroupSync:
     """The collectives of one private model's logical batches over a process group.
 
@@ -104,34 +126,25 @@ class GroupSync:
 
     def agree(self, examples: int, steps: int, failed: bool) -> tuple[int, int]:
         """One small all-reduce per logical batch: returns (examples on all ranks, ranks that
-        failed). Raises when the ranks have released different numbers of logical batches."""
-        h = self.settings
-        control = torch.tensor(
-            [examples, int(failed), steps, steps * steps, h, h * h],
-            dtype=torch.int64,
-            device=self.device,
+        failed). Raises when the ranks' privacy settings differ, or when they have released
+        different numbers of logical batches."""
+        (total, failures), (same_settings, same_steps) = sum_and_compare(
+            [examples, int(failed)], [self.settings, steps], self.group, self.device
         )
-        dist.all_reduce(control, group=self.group)
-        total, failures, step_sum, step_squares, h_sum, h_squares = (
-            int(v) for v in control.tolist()
-        )
-        if h_sum != self.world_size * h or h_squares != self.world_size * h * h:
+        if not same_settings:
             raise RuntimeError(
                 "the ranks' private models have different privacy settings (noise multiplier, "
                 "max_grad_norm, expected_batch_size, sample_rate, clipping or layer bounds): "
                 "their gradients cannot be summed under one noise draw. Call make_private with "
                 "the same settings on every rank"
             )
-        # Σs = W·s and Σs² = W·s² on this rank's s hold exactly when every rank has s.
-        if not failures and (
-            step_sum != self.world_size * steps or step_squares != self.world_size * steps**2
-        ):
+        if not failures and not same_steps:
             raise RuntimeError(
-                f"rank {self.rank} has released {steps} logical batches but the ranks' mean is "
-                f"{step_sum / self.world_size:g}: the ranks are out of step (a rank skipped a "
-                "batch or ran an extra one), so their gradients would mix different batches. "
-                "Every rank must run the same logical batches (inside controller.accumulate() "
-                "even when its local batch is empty)"
+                f"rank {self.rank} has released {steps} logical batches but another rank has "
+                "not: the ranks are out of step (a rank skipped a batch or ran an extra one), "
+                "so their gradients would mix different batches. Every rank must run the same "
+                "logical batches (inside controller.accumulate() even when its local batch is "
+                "empty)"
             )
         return total, failures
 

@@ -190,15 +190,15 @@ class DistributedPoissonSampler:
 
 
 def _check_same_seed(seed: int) -> None:
-    """All ranks must draw the same global batches: Σs = W·s and Σs² = W·s² on every rank."""
-    folded = seed % (1 << 20)  # Σ over ranks of folded² stays far inside int64
-    check = torch.tensor([folded, folded * folded], dtype=torch.int64)
-    world = torch.distributed.get_world_size()
-    backend = torch.distributed.get_backend()
-    if backend == "nccl":  # multi-backend groups ("cpu:gloo,cuda:nccl") take CPU tensors
-        check = check.to(torch.device("cuda", torch.cuda.current_device()))
-    torch.distributed.all_reduce(check)
-    if check.tolist() != [world * folded, world * folded * folded]:
+    """All ranks must draw the same global batches."""
+    from flashdp.distributed import sum_and_compare
+
+    device = torch.device("cpu")
+    if torch.distributed.get_backend() == "nccl":  # multi-backend groups take CPU tensors
+        device = torch.device("cuda", torch.cuda.current_device())
+    folded = seed % (1 << 20)  # W·folded² stays far inside int64
+    _, (same,) = sum_and_compare([], [folded], None, device)
+    if not same:
         raise ValueError(
             "DistributedPoissonSampler got different seeds on different ranks: each rank would "
             "draw its own logical batches, so an example could be sampled on several ranks. "
