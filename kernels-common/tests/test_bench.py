@@ -84,9 +84,22 @@ def test_compare_memory_ratio_follows_allocations():
     table = compare(
         {"small": allocate(8), "large": allocate(32)}, baseline="small", warmup=0, repeat=1
     )
-    if table.row("small").measurement.memory_method != "peak-rss":
+    if {row.measurement.memory_method for row in table.rows} != {"peak-rss"}:
         pytest.skip("peak RSS cannot be reset here; torch allocations are invisible to tracemalloc")
     assert 3.0 < table.row("large").memory_ratio < 5.0
+
+
+def test_compare_gives_no_memory_ratio_across_measurement_methods(monkeypatch):
+    # peak RSS for one candidate and tracemalloc (blind to torch) for the other: no ratio
+    from kernels_common import bench, memory
+
+    methods = iter(["peak-rss", "tracemalloc"])
+    monkeypatch.setattr(
+        bench, "peak_memory", lambda fn, device: memory.PeakMemory(1 << 20, next(methods))
+    )
+    table = compare({"a": lambda: None, "b": lambda: None}, baseline="a", warmup=0, repeat=1)
+    assert table.row("a").memory_ratio == 1.0
+    assert table.row("b").memory_ratio is None
 
 
 def test_compare_rejects_unknown_baseline():

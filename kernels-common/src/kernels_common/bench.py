@@ -294,8 +294,9 @@ def compare(
         baseline: the name the ratios are taken against (the anchor, or the non-optimised run).
         title: heading of the table.
         device: where the callables run (see :func:`measure`).
-        warmup, repeat, memory: untimed calls per candidate, rounds of timed calls, and whether
-            to measure peak memory (see :func:`measure`).
+        warmup: untimed calls per candidate (see :func:`measure`).
+        repeat: rounds of timed calls, one call of every candidate per round.
+        memory: also measure each candidate's peak memory, in one more call.
         check_outputs: call each candidate once more and report the largest absolute difference
             of its output from the baseline's (outputs must have the same structure); ``None``
             entries in the table mean the check was off.
@@ -324,8 +325,12 @@ def compare(
     rows = []
     for name, fn in candidates.items():
         m = measurements[name]
-        memory_ratio = None
-        if m.peak_memory_bytes is not None and base.peak_memory_bytes:
+        memory_ratio = None  # bytes measured two different ways do not divide
+        if (
+            m.peak_memory_bytes is not None
+            and base.peak_memory_bytes
+            and m.memory_method == base.memory_method
+        ):
             memory_ratio = m.peak_memory_bytes / base.peak_memory_bytes
         error = _max_abs_error(fn(), reference) if check_outputs else None
         rows.append(Row(name, m, m.median_s / base.median_s, memory_ratio, error))

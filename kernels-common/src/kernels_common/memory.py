@@ -58,12 +58,15 @@ def _release_free_heap() -> None:
         trim(0)
 
 
-def _reset_peak_rss() -> bool:
-    try:
-        _CLEAR_REFS.write_text("5")
-    except OSError:
-        return False
-    return _status_kib("VmHWM") <= _status_kib("VmRSS") + 4  # reset took effect
+def _reset_peak_rss(attempts: int = 3) -> bool:
+    for _ in range(attempts):  # another thread allocating between write and read spoils one try
+        try:
+            _CLEAR_REFS.write_text("5")
+        except OSError:
+            return False
+        if _status_kib("VmHWM") <= _status_kib("VmRSS") + 4:  # reset took effect
+            return True
+    return False
 
 
 def peak_memory(fn: Callable[[], Any], device: str | torch.device = "cpu") -> PeakMemory:
