@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import tomllib
 from pathlib import Path
 
@@ -27,6 +29,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "project" in metafunc.fixturenames:
         projects = workspace_members()
         metafunc.parametrize("project", projects, ids=[p["name"] for p in projects])
+
+
+@pytest.fixture(scope="session")
+def noxfile():
+    """The repository's noxfile.py as a module (its workspace and release logic)."""
+    spec = importlib.util.spec_from_file_location("workspace_noxfile", ROOT / "noxfile.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
 
 
 @pytest.fixture

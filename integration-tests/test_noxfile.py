@@ -3,24 +3,10 @@ system packages, torch pin."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def noxfile():
-    spec = importlib.util.spec_from_file_location("workspace_noxfile", ROOT / "noxfile.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
 
 
 def write(path: Path, text: str) -> None:

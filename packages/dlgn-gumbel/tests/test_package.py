@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ def test_cli_help():
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--help"])
     assert exit_info.value.code == 0
-    assert dlgn_gumbel.__version__ == "0.1.0"
+    assert dlgn_gumbel.__version__ == importlib.metadata.version("dlgn-gumbel")
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,7 @@ def test_cli_help():
     with pytest.raises(SystemExit) as exit_info:
         main(["reproduce", "--help"])
     assert exit_info.value.code == 0
-    assert flashdp.__version__ == "0.1.0"
+    assert flashdp.__version__ == importlib.metadata.version("flashdp")
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def test_cli_help_and_version():
     with pytest.raises(SystemExit) as exit_info:
         main(["reproduce", "--help"])
     assert exit_info.value.code == 0
-    assert lpc_cache.__version__ == "0.1.0"
+    assert lpc_cache.__version__ == importlib.metadata.version("lpc-cache")
     assert np.isfinite(lpc_cache.ServingModel().prefill_s_per_token)
 
 

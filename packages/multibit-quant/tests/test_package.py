@@ -3,6 +3,7 @@ tiny reproduce run."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from pathlib import Path
 
@@ -56,7 +57,7 @@ def test_cli_train_evaluate_export(tmp_path, capsys):
     assert code == 0
     assert exported.is_file()
     assert report["predictions_equal"] == report["of"] == 64
-    assert mbq.__version__ == "0.1.0"
+    assert mbq.__version__ == importlib.metadata.version("multibit-quant")
 
 
 @pytest.mark.parametrize(

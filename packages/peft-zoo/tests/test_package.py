@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import json
 import math
 import re
@@ -47,7 +48,7 @@ def test_cli_train_tiny(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         main(["reproduce", "--help"])
     assert exit_info.value.code == 0
-    assert pz.__version__ == "0.1.0"
+    assert pz.__version__ == importlib.metadata.version("peft-zoo")
 
 
 def test_batches_mask_context_and_padding():

@@ -266,9 +266,7 @@ def test_diloco_under_torchrun_exits_zero(tmp_path):
     """Two gloo ranks under torchrun train a tiny GPT and exit 0 (the process group is torn down
     before interpreter exit, see ``_torchrun_job``); rank 0 writes the summary."""
     summary = tmp_path / "summary.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    src = [str(Path(__file__).parents[1] / "src"), env.get("PYTHONPATH", "")]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in src if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the installed scaling_laws, as the tests use
     command = [str(_torchrun()), "--standalone", "--nproc-per-node", "2"]
     command += ["-m", "scaling_laws", "diloco", *TINY, "--out", str(summary)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.metadata
 import json
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def test_cli_help_and_version():
         with pytest.raises(SystemExit) as exit_info:
             main([command, "--help"])
         assert exit_info.value.code == 0
-    assert sl.__version__ == "0.1.0"
+    assert sl.__version__ == importlib.metadata.version("scaling-laws")
 
 
 def _write_csv(path: Path, lrs: np.ndarray, losses: np.ndarray | None) -> None:

@@ -20,8 +20,8 @@ from benchdata.vision import ImageDataset, digits, fashion_mnist, mnist_5k
 
 try:
     __version__ = version("benchdata")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0"
+except PackageNotFoundError:  # imported from a source tree (PYTHONPATH), not installed
+    __version__ = "0.0.0+source"
 
 __all__ = [
     "CACHE_ENV",

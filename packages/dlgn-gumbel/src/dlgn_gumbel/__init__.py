@@ -5,6 +5,8 @@ Gumbel noise and a straight-through estimator, a fused logic-layer kernel, and e
 compiled inference.
 """
 
+from importlib import metadata as _metadata
+
 from dlgn_gumbel.cbuild import CompilerUnavailableError
 from dlgn_gumbel.compiled import CompiledLogicNet, compile_logic_net
 from dlgn_gumbel.gates import GATE_COEFFS, GATE_NAMES, gate_coefficients, relaxed_gate
@@ -27,7 +29,10 @@ from dlgn_gumbel.ops import logic_layer
 from dlgn_gumbel.reference import logic_layer_affine, logic_layer_reference16
 from dlgn_gumbel.train import TrainConfig, TrainResult, load_checkpoint, train
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("dlgn-gumbel")
+except _metadata.PackageNotFoundError:  # imported from a source tree (PYTHONPATH), not installed
+    __version__ = "0.0.0+source"
 
 __all__ = [
     "GATE_COEFFS",

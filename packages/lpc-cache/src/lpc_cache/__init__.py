@@ -2,6 +2,8 @@
 simulator, the classic policies (LRU, LFU, FIFO), offline bounds (Belady, Oracle) and real
 ShareGPT traces."""
 
+from importlib import metadata as _metadata
+
 from lpc_cache.cache import Block, Lease, PrefixCache, block_hashes
 from lpc_cache.encoders import HashingEncoder, SentenceEncoder, TextEncoder
 from lpc_cache.policies import (
@@ -45,7 +47,10 @@ from lpc_cache.trace import (
     sharegpt_trace,
 )
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("lpc-cache")
+except _metadata.PackageNotFoundError:  # imported from a source tree (PYTHONPATH), not installed
+    __version__ = "0.0.0+source"
 
 __all__ = [
     "POLICIES",

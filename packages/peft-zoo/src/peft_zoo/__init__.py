@@ -5,6 +5,8 @@ The adapters follow ``peft``'s conventions (config dataclass, :func:`get_peft_mo
 :class:`NanoAdam` is a ``torch.optim.Optimizer``.
 """
 
+from importlib import metadata as _metadata
+
 from peft_zoo.arch import ARCHITECTURES
 from peft_zoo.base import PeftZooModel
 from peft_zoo.capt import CaPTModel
@@ -16,7 +18,10 @@ from peft_zoo.noise import char_noise, embedding_noise, embedding_noise_hook
 from peft_zoo.prompt import insert_prompt
 from peft_zoo.ptmoe import PTMoEModel
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("peft-zoo")
+except _metadata.PackageNotFoundError:  # imported from a source tree (PYTHONPATH), not installed
+    __version__ = "0.0.0+source"
 
 __all__ = [
     "ARCHITECTURES",

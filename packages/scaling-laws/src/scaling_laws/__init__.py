@@ -44,8 +44,8 @@ from scaling_laws.power_lines import (
 
 try:
     __version__ = _metadata.version("scaling-laws")
-except _metadata.PackageNotFoundError:  # pragma: no cover - source tree without install
-    __version__ = "0.1.0"
+except _metadata.PackageNotFoundError:  # imported from a source tree (PYTHONPATH), not installed
+    __version__ = "0.0.0+source"
 
 __all__ = [
     "AnnealingCurve",

@@ -5,6 +5,8 @@ Ops follow ``mlstm-kernels``' calling convention; :func:`mlstm_chunkwise` and
 CPU. Importing this package neither imports Triton nor touches CUDA.
 """
 
+from importlib import metadata as _metadata
+
 from tfla_mlstm.layers import mLSTMLayer, xLSTMBlock
 from tfla_mlstm.model import xLSTMConfig, xLSTMLM
 from tfla_mlstm.ops import (
@@ -19,7 +21,10 @@ from tfla_mlstm.ops import (
 )
 from tfla_mlstm.states import MLSTMSigState, MLSTMState
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("tfla-mlstm")
+except _metadata.PackageNotFoundError:  # imported from a source tree (PYTHONPATH), not installed
+    __version__ = "0.0.0+source"
 
 __all__ = [
     "MLSTMSigState",
