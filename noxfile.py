@@ -618,3 +618,10 @@ for _member in members().values():
     nox.session(
         name=f"lowest-direct-{_member.name}", python=PYTHON, tags=["lowest-direct"], default=False
     )(lowest_direct_session(_member))
+
+
+@nox.session(python=PYTHON, tags=["ci"])
+def docs(session: nox.Session) -> None:
+    """The documentation site into site/, built strictly: any warning or broken link fails."""
+    session.install(*nox.project.dependency_groups(nox.project.load_toml("pyproject.toml"), "docs"))
+    session.run("python", str(ROOT / "docs" / "build.py"), "--strict", *session.posargs)

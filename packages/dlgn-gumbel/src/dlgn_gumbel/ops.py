@@ -30,7 +30,8 @@ def logic_layer(
 
     Args:
         x: ``(in_dim, B)`` float32 inputs.
-        idx_a, idx_b: ``(N,)`` int64 indices in ``[0, in_dim)``.
+        idx_a: ``(N,)`` int64 indices in ``[0, in_dim)``: each neuron's first input.
+        idx_b: ``(N,)`` int64 indices in ``[0, in_dim)``: each neuron's second input.
         coeffs: ``(N, 4)`` float32 coefficients (``gate_coefficients(weights)``).
         backend: ``None``/``"auto"``, ``"triton"``, ``"interpreter"`` or ``"reference"`` (the
             vectorized PyTorch path; see :func:`kernels_common.resolve_backend`).

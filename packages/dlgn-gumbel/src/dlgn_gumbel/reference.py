@@ -29,7 +29,8 @@ def logic_layer_reference16(
 
     Args:
         x: ``(in_dim, B)`` float inputs in ``[0, 1]`` (feature-major).
-        idx_a, idx_b: ``(N,)`` int64 input indices of each neuron.
+        idx_a: ``(N,)`` int64 index of each neuron's first input.
+        idx_b: ``(N,)`` int64 index of each neuron's second input.
         weights: ``(N, 16)`` gate weights (softmax probabilities or one-hot rows).
 
     Returns:
@@ -74,7 +75,8 @@ def logic_layer_affine(
 
     Args:
         x: ``(in_dim, B)`` float inputs (feature-major).
-        idx_a, idx_b: ``(N,)`` int64 input indices.
+        idx_a: ``(N,)`` int64 index of each neuron's first input.
+        idx_b: ``(N,)`` int64 index of each neuron's second input.
         coeffs: ``(N, 4)`` per-neuron coefficients ``(c0, c1, c2, c3)``, dtype of ``x``.
 
     Returns:

@@ -261,7 +261,10 @@ def train(
 
     Args:
         config: the run.
-        x_train, x_eval: ``(N, F)`` float pixels in ``[0, 1]``; y_train, y_eval: ``(N,)`` labels.
+        x_train: ``(N, F)`` float training pixels in ``[0, 1]``.
+        y_train: ``(N,)`` training labels.
+        x_eval: ``(N, F)`` float evaluation pixels in ``[0, 1]``.
+        y_eval: ``(N,)`` evaluation labels.
         num_classes: number of classes.
         out_dir: where to write ``checkpoint.safetensors`` + ``checkpoint.json`` at every
             evaluation and at the end.

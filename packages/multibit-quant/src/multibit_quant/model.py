@@ -128,8 +128,8 @@ def quantize(
             bit-width from 2 to 8 can be set later (``set_bits``), untrained.
         config: :class:`QuantConfig` (default: DoReFa weights, clamp activations, mean-and-
             variance bias correction).
-        keep_first / keep_last: leave the first and the last Conv2d/Linear (in module order) in
-            full precision.
+        keep_first: leave the first Conv2d/Linear (in module order) in full precision.
+        keep_last: leave the last Conv2d/Linear (in module order) in full precision.
         exclude: qualified names of further layers to leave in full precision.
 
     Returns:

@@ -46,8 +46,11 @@ class NanoAdam(Optimizer):
 
     Args:
         params: parameters or parameter groups.
-        lr, betas, eps, weight_decay: as ``torch.optim.AdamW`` (decoupled weight decay, applied
-            to the selected entries only); ``weight_decay=0`` is Adam.
+        lr: learning rate, as ``torch.optim.AdamW``'s.
+        betas: moment decay rates, as ``torch.optim.AdamW``'s.
+        eps: denominator term, as ``torch.optim.AdamW``'s.
+        weight_decay: decoupled weight decay, as ``torch.optim.AdamW``'s but applied to the
+            selected entries only; ``weight_decay=0`` is Adam.
         density: fraction of each tensor updated (``0 < density <= 1``).
         mask_interval: steps between mask refreshes (``m``; paper ablation: 131).
         density_schedule: optional ``step -> density`` used at each refresh instead of ``density``.

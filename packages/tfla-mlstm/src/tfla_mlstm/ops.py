@@ -101,8 +101,12 @@ def mlstm_chunkwise(
     ``1/sqrt(DQK)``, ``h = N / (max(|z|, exp(-m)) + eps)``), computed in linear memory.
 
     Args:
-        q, k: ``(B, NH, S, DQK)``; v: ``(B, NH, S, DV)``; i, f: ``(B, NH, S)`` input and forget
-            gate pre-activations. float32, float16 or bfloat16, one dtype and device.
+        q: ``(B, NH, S, DQK)`` queries. All five inputs are float32, float16 or bfloat16, of
+            one dtype and on one device.
+        k: ``(B, NH, S, DQK)`` keys.
+        v: ``(B, NH, S, DV)`` values.
+        i: ``(B, NH, S)`` input gate pre-activations.
+        f: ``(B, NH, S)`` forget gate pre-activations.
         chunk_size: a power of two >= 16; any ``S >= 1`` works (padded internally).
         initial_state: ``(C (B, NH, DQK, DV), n (B, NH, DQK), m (B, NH, 1))`` or ``None``.
         return_last_state: also return the state after the last step.
@@ -254,7 +258,11 @@ def mlstm_step(
     """One mLSTM step (generation): O(1) memory in the sequence length.
 
     Args:
-        q, k: ``(B, NH, DQK)``; v: ``(B, NH, DV)``; i, f: ``(B, NH, 1)`` pre-activations.
+        q: ``(B, NH, DQK)`` query.
+        k: ``(B, NH, DQK)`` key.
+        v: ``(B, NH, DV)`` value.
+        i: ``(B, NH, 1)`` input gate pre-activation.
+        f: ``(B, NH, 1)`` forget gate pre-activation.
         state: ``(C, n, m)`` from the previous step or a chunkwise call, or ``None`` (start).
 
     Returns:
