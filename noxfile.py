@@ -39,11 +39,9 @@ import sys
 import tarfile
 import tempfile
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 
 import nox
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent
@@ -60,46 +58,17 @@ nox.options.error_on_missing_interpreters = True
 os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
 
 
-@dataclass(frozen=True)
-class Member:
-    """One workspace member, read from its pyproject.toml."""
+def _load_release_module():
+    """tools/release.py: what a member is and what makes it releasable (stdlib + packaging)."""
+    spec = importlib.util.spec_from_file_location("workspace_release", ROOT / "tools/release.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
 
-    path: Path
-    project: dict
-    tool: dict
 
-    @property
-    def name(self) -> str:
-        return self.project["name"]
-
-    @property
-    def import_name(self) -> str:
-        return self.name.replace("-", "_")
-
-    @property
-    def extras(self) -> dict[str, list[str]]:
-        return self.project.get("optional-dependencies", {})
-
-    def requirements(self, extras: set[str]) -> list[Requirement]:
-        unknown = extras - set(self.extras)
-        if unknown:
-            raise ValueError(
-                f"{self.name} has no extra(s) {sorted(unknown)}; it has {sorted(self.extras)}"
-            )
-        specs = list(self.project.get("dependencies", []))
-        for extra in sorted(extras):
-            specs += self.extras[extra]
-        return [Requirement(spec) for spec in specs]
-
-    def per_extra(self, key: str, extras: set[str]) -> set[str]:
-        """`[tool.monorepo].<key>` entries that apply when installed with `extras`."""
-        value = self.tool.get(key, [])
-        if isinstance(value, list):
-            return set(value)
-        unknown = set(value) - set(self.extras)
-        if unknown:
-            raise ValueError(f"{self.name}: [tool.monorepo.{key}] names unknown extras {unknown}")
-        return {entry for extra in extras & set(value) for entry in value[extra]}
+release = _load_release_module()
+Member = release.Member
 
 
 @functools.cache
@@ -359,7 +328,7 @@ def build(session: nox.Session) -> None:
     build_distributions(session, list(members()), dist)
     constraints = prepare_env(session)
     for name, member in members().items():
-        wheel, _ = release.find_distributions(dist, projects()[name])
+        wheel, _ = release.find_distributions(dist, members()[name])
         venv = Path(session.create_tmp()) / f"venv-{member.name}"
         session.run("uv", "venv", "-q", "-p", sys.executable, str(venv), external=True)
         python = str(venv / "bin" / "python")
@@ -376,26 +345,11 @@ def build(session: nox.Session) -> None:
 # -- releases: CONTRIBUTING.md, "Releasing"; the checks themselves are in tools/release.py -------
 
 
-def _load_release_module():
-    spec = importlib.util.spec_from_file_location("workspace_release", ROOT / "tools/release.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-release = _load_release_module()
-
-
-def projects(root: Path = ROOT) -> dict[str, release.Project]:
-    return {name: release.Project(m.path, m.project) for name, m in members(root).items()}
-
-
 def release_problems(
     root: Path, dist: Path, names: list[str], *, released: bool, tag: str | None = None
 ) -> list[str]:
     """Everything that keeps the members `names` (built into `dist`) from being released."""
-    table = projects(root)
+    table = members(root)
     urls = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["monorepo"]
     problems = release.check_internal_ranges(table)
     if tag is not None:
@@ -467,7 +421,7 @@ def release_build(session: nox.Session) -> None:
     name, tag = release_target(session)
     if name not in members():
         session.error(f"release tag {tag}: no workspace member is called {name}")
-    project = projects()[name]
+    project = members()[name]
     release_tag = str(release.Tag(name, project.version))
     if tag is None and release.is_repository_root(ROOT):
         tagged = subprocess.run(
@@ -513,7 +467,7 @@ def release_test(session: nox.Session) -> None:
     registry = "--registry" in session.posargs
     session.posargs[:] = [arg for arg in session.posargs if arg != "--registry"]
     name, _ = release_target(session)
-    member, project = members()[name], projects()[name]
+    member = members()[name]
     needed = closure(name, {"test"})
     outside = Path(tempfile.mkdtemp(prefix=f"release-test-{name}-"))
     try:
@@ -523,7 +477,7 @@ def release_test(session: nox.Session) -> None:
         if not registry:
             build_distributions(session, sorted(needed), own)
         try:
-            wheel, sdist = release.find_distributions(own, project)
+            wheel, sdist = release.find_distributions(own, member)
         except ValueError as error:
             session.error(f"{error} (run release-build first)" if registry else str(error))
         ensure_apt(
@@ -545,7 +499,7 @@ def release_test(session: nox.Session) -> None:
             session.run(*uv_install, "--no-deps", *no_deps, external=True)
         with tarfile.open(sdist) as archive:
             archive.extractall(outside, filter="data")
-        source = outside / f"{project.import_name}-{project.version}"
+        source = outside / f"{member.dist_name}-{member.version}"
         # run from outside the repository, with nothing of it on the path or in TMPDIR
         env = {"TRITON_INTERPRET": "1", "PYTHONPATH": "", "TMPDIR": str(outside)}
         session.chdir(outside)
@@ -597,7 +551,7 @@ def lowest_direct_session(member: Member):
         )  # fmt: skip
         # the compiled file is the whole environment: install it as resolved (with the override)
         session.install("--no-deps", *fresh_members(), *find_links(internal), "-r", str(pins))
-        wheel, _ = release.find_distributions(internal, projects()[name])
+        wheel, _ = release.find_distributions(internal, member)
         session.install("--no-deps", str(wheel))
         no_deps = sorted(
             {r for n, e in needed.items() for r in members()[n].per_extra("no-deps", e)}

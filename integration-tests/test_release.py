@@ -338,7 +338,7 @@ def test_the_release_check_session_fails_on_a_broken_workspace(workspace):
 
 def test_lower_bounds_pin_each_direct_dependency_at_its_floor(noxfile):
     requirements = [
-        noxfile.Requirement(spec)
+        noxfile.release.Requirement(spec)
         for spec in (
             "torch>=2.10",
             "numpy>=1.24,<3",

@@ -1,4 +1,5 @@
-"""What makes a workspace member releasable on its own, checked on its built wheel and sdist.
+"""A workspace member (`Member`, which the noxfile uses too), and what makes it releasable on
+its own, checked on its built wheel and sdist.
 
 The noxfile's `release-check`, `release-build` and `release-test` sessions call these functions;
 so do the integration tests, on deliberately broken fixtures. Each check returns a list of
@@ -67,31 +68,61 @@ class Tag:
 
 
 @dataclass(frozen=True)
-class Project:
-    """What the checks need of a member: its folder and its `[project]` table."""
+class Member:
+    """One workspace member, read from its pyproject.toml: its folder, its `[project]` table and
+    its `[tool.monorepo]` table (what its sessions need; CONTRIBUTING.md)."""
 
     path: Path
-    table: dict
+    project: dict
+    tool: dict
 
     @property
     def name(self) -> str:
-        return canonicalize_name(self.table["name"])
+        return self.project["name"]
+
+    @property
+    def key(self) -> str:
+        """The canonical name (PEP 503), by which members are looked up."""
+        return canonicalize_name(self.name)
 
     @property
     def import_name(self) -> str:
-        """The name of the wheel file, of the sdist's folder and (here) of the import package."""
         return self.name.replace("-", "_")
 
     @property
-    def version(self) -> Version:
-        return Version(self.table["version"])
+    def dist_name(self) -> str:
+        """The name in its wheel's and sdist's file names (and the sdist's top folder)."""
+        return self.key.replace("-", "_")
 
-    def requirements(self) -> list[Requirement]:
-        """Every requirement, runtime and every extra's."""
-        specs = list(self.table.get("dependencies", []))
-        for extra in self.table.get("optional-dependencies", {}).values():
-            specs += extra
+    @property
+    def version(self) -> Version:
+        return Version(self.project["version"])
+
+    @property
+    def extras(self) -> dict[str, list[str]]:
+        return self.project.get("optional-dependencies", {})
+
+    def requirements(self, extras: set[str]) -> list[Requirement]:
+        """Its runtime requirements and those of `extras`."""
+        unknown = extras - set(self.extras)
+        if unknown:
+            raise ValueError(
+                f"{self.name} has no extra(s) {sorted(unknown)}; it has {sorted(self.extras)}"
+            )
+        specs = list(self.project.get("dependencies", []))
+        for extra in sorted(extras):
+            specs += self.extras[extra]
         return [Requirement(spec) for spec in specs]
+
+    def per_extra(self, key: str, extras: set[str]) -> set[str]:
+        """`[tool.monorepo].<key>` entries that apply when installed with `extras`."""
+        value = self.tool.get(key, [])
+        if isinstance(value, list):
+            return set(value)
+        unknown = set(value) - set(self.extras)
+        if unknown:
+            raise ValueError(f"{self.name}: [tool.monorepo.{key}] names unknown extras {unknown}")
+        return {entry for extra in extras & set(value) for entry in value[extra]}
 
 
 # -- the distributions ---------------------------------------------------------------------------
@@ -119,14 +150,14 @@ def _sdist_metadata(sdist: Path) -> tuple[Message, list[str]]:
     return email.parser.Parser().parsestr(text), names
 
 
-def find_distributions(dist: Path, project: Project) -> tuple[Path, Path]:
+def find_distributions(dist: Path, project: Member) -> tuple[Path, Path]:
     """The one wheel and one sdist of `project` at its version in `dist`."""
-    stem = f"{project.import_name}-{project.version}"
+    stem = f"{project.dist_name}-{project.version}"
     wheels = sorted(dist.glob(f"{stem}-*.whl"))
     sdists = sorted(dist.glob(f"{stem}.tar.gz"))
     if len(wheels) != 1 or len(sdists) != 1:
         raise ValueError(
-            f"{project.name}: expected one wheel and one sdist named {stem}* in {dist}, found "
+            f"{project.key}: expected one wheel and one sdist named {stem}* in {dist}, found "
             f"{[p.name for p in wheels + sdists]}"
         )
     return wheels[0], sdists[0]
@@ -150,11 +181,11 @@ def relative_links(markdown: str) -> list[str]:
     return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:|#", t, re.I)]
 
 
-def expected_urls(project: Project, folder: str, repository: str, documentation: str) -> dict:
+def expected_urls(project: Member, folder: str, repository: str, documentation: str) -> dict:
     """The `[project.urls]` of a member in folder `folder` of the repository."""
     return {
-        "Homepage": f"{documentation}{project.name}/",
-        "Documentation": f"{documentation}{project.name}/",
+        "Homepage": f"{documentation}{project.key}/",
+        "Documentation": f"{documentation}{project.key}/",
         "Repository": f"{repository}/tree/main/{folder}",
         "Changelog": f"{repository}/blob/main/{folder}/CHANGELOG.md",
         "Issues": f"{repository}/issues",
@@ -164,7 +195,7 @@ def expected_urls(project: Project, folder: str, repository: str, documentation:
 def check_distribution(
     wheel: Path,
     sdist: Path,
-    project: Project,
+    project: Member,
     *,
     repository: str,
     documentation: str,
@@ -172,14 +203,14 @@ def check_distribution(
 ) -> list[str]:
     """Problems with the built `wheel` and `sdist` of `project`, a member of the repository at
     `workspace` (empty when releasable)."""
-    who = f"{project.name} {project.version}"
+    who = f"{project.key} {project.version}"
     problems: list[str] = []
     meta, files = _wheel_metadata(wheel)
     sdist_meta, sdist_files = _sdist_metadata(sdist)
 
     for label, value in (("wheel", meta), ("sdist", sdist_meta)):
         name, version = value.get("Name", ""), value.get("Version", "")
-        if canonicalize_name(name) != project.name or version != str(project.version):
+        if canonicalize_name(name) != project.key or version != str(project.version):
             problems.append(f"{who}: the {label} says it is {name} {version}")
 
     if not meta.get("License-Expression"):
@@ -233,7 +264,7 @@ def check_distribution(
         for path in _local_paths(text, workspace):
             problems.append(f"{who}: the {label}'s metadata holds a local path {path}")
 
-    root = f"{project.import_name}-{project.version}"
+    root = f"{project.dist_name}-{project.version}"
     for needed in ("pyproject.toml", "README.md", "CHANGELOG.md", "LICENSE", "tests/"):
         path = f"{root}/{needed}"  # a folder ends in "/": any file under it
         if not any(n == path or (path.endswith("/") and n.startswith(path)) for n in sdist_files):
@@ -244,18 +275,18 @@ def check_distribution(
 # -- the workspace -------------------------------------------------------------------------------
 
 
-def check_internal_ranges(projects: dict[str, Project]) -> list[str]:
+def check_internal_ranges(projects: dict[str, Member]) -> list[str]:
     """Each range one member puts on another admits the other's workspace version."""
     problems = []
     for project in projects.values():
-        for requirement in project.requirements():
+        for requirement in project.requirements(set(project.extras)):
             other = projects.get(canonicalize_name(requirement.name))
             if other is not None and not requirement.specifier.contains(
                 other.version, prereleases=True
             ):
                 problems.append(
-                    f"{project.name}: requires {requirement}, which excludes the workspace's "
-                    f"{other.name} {other.version}"
+                    f"{project.key}: requires {requirement}, which excludes the workspace's "
+                    f"{other.key} {other.version}"
                 )
     return problems
 
@@ -273,9 +304,9 @@ def changelog_entry(changelog: Path, version: Version) -> str | None:
     return None
 
 
-def check_changelog(project: Project, *, released: bool) -> list[str]:
+def check_changelog(project: Member, *, released: bool) -> list[str]:
     """The package's CHANGELOG.md has an entry for its version; dated when `released`."""
-    who = f"{project.name} {project.version}"
+    who = f"{project.key} {project.version}"
     when = changelog_entry(project.path / "CHANGELOG.md", project.version)
     if when is None:
         return [f"{who}: CHANGELOG.md has no `## {project.version}` entry"]
@@ -287,13 +318,13 @@ def check_changelog(project: Project, *, released: bool) -> list[str]:
     return []
 
 
-def check_tag(tag: Tag, projects: dict[str, Project]) -> list[str]:
+def check_tag(tag: Tag, projects: dict[str, Member]) -> list[str]:
     """A release tag names a member at its version (its changelog: `check_changelog`)."""
     project = projects.get(tag.package)
     if project is None:
         return [f"release tag {tag}: no workspace member is called {tag.package}"]
     if project.version != tag.version:
-        return [f"release tag {tag}: {project.name}'s version is {project.version}"]
+        return [f"release tag {tag}: {project.key}'s version is {project.version}"]
     return []
 
 
@@ -314,29 +345,29 @@ def is_repository_root(root: Path) -> bool:
     return top.returncode == 0 and Path(top.stdout.strip()).resolve() == root.resolve()
 
 
-def last_release(root: Path, project: Project) -> tuple[Version, str] | None:
+def last_release(root: Path, project: Member) -> tuple[Version, str] | None:
     """The version and name of the newest `<package>-v*` tag of the repository at `root` (None
     where `root` is not a repository's top, e.g. an unpacked sdist: nothing to compare with)."""
     if not is_repository_root(root):
         return None
     tags = []
-    for line in _git(root, "tag", "--list", f"{project.name}-v*").split():
+    for line in _git(root, "tag", "--list", f"{project.key}-v*").split():
         try:
             tag = Tag.parse(line)
         except ValueError:
             continue
-        if tag.package == project.name:
+        if tag.package == project.key:
             tags.append((tag.version, line))
     return max(tags) if tags else None
 
 
-def check_version_bumped(root: Path, project: Project) -> list[str]:
+def check_version_bumped(root: Path, project: Member) -> list[str]:
     """After a release, changing what the wheel is built from needs a higher version."""
     last = last_release(root, project)
     if last is None:
         return []  # never released: any version is the first
     released, tag = last
-    who = f"{project.name} {project.version}"
+    who = f"{project.key} {project.version}"
     if project.version < released:
         return [f"{who}: lower than the last release {tag}"]
     if project.version > released:
