@@ -155,9 +155,12 @@ def test_invariants_under_random_overlapping_requests(requests, capacity, name):
         access = Access(t, p, p > 0.5, [float(t + 1)] * len(sequence))
         lease = cache.acquire_hashes(path, float(t), access)
         running.append((lease, sequence))
-        for held, _ in running:  # every pinned block is still cached
+        for held, _ in running:  # every block a running request holds is still cached, and
+            # held: the path's tip pinned, every other block a parent (only leaves are evicted)
             assert all(cache.blocks.get(b.key) is b for b in held.blocks)
-            assert all(b.pins > 0 for b in held.blocks)
+            if held.blocks:
+                assert held.blocks[-1].pins > 0
+                assert all(b.children > 0 for b in held.blocks[:-1])
         cache.check_invariants()
         if release_now or len(running) > 3:
             finish(float(t))

@@ -13,6 +13,7 @@ heap with lazy invalidation: O(log n) per eviction).
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ import numpy as np
 from lpc_cache.policies import Access, EvictionPolicy, make_policy
 
 _ROOT = 0x5EED  # hash seed of the empty prefix
+_NEG_INF = -math.inf
 
 
 def block_hashes(tokens: Sequence[int] | np.ndarray, block_size: int, parent: int = _ROOT) -> list:
@@ -42,7 +44,13 @@ def block_hashes(tokens: Sequence[int] | np.ndarray, block_size: int, parent: in
 
 
 class Block:
-    """One cached block: its name, parent, child count, pin count and policy state."""
+    """One cached block: its name, parent, child count, pin count and policy state.
+
+    ``pins`` counts the running requests whose path ends at this block. That pins the whole path:
+    every other block of it has a child on the path, and only leaves are evicted. A leaf inside a
+    running request's path is therefore its tip, and a request pins and unpins one block, not
+    its whole (often long) history.
+    """
 
     __slots__ = (
         "children",
@@ -57,17 +65,17 @@ class Block:
         "version",
     )
 
-    def __init__(self, key: int, parent: Block | None, created: float) -> None:
+    def __init__(self, key: int, parent: Block | None, created: float, children: int = 0) -> None:
         self.key = key
         self.parent = parent
-        self.children = 0
-        self.pins = 1  # a block is created for, and pinned by, a request
+        self.children = children
+        self.pins = 0
         self.version = 0
         self.created = created
         self.last_access = created
         self.count = 0
         self.next_use = -1.0
-        self.score = -np.inf
+        self.score = _NEG_INF
 
 
 @dataclass
@@ -115,6 +123,9 @@ class PrefixCache:
         self.evictions = 0
         self._heap: list = []
         self._counter = 0
+        # evicted Block objects, reused for new blocks (allocation is a large share of a replay);
+        # their version keeps counting, so heap entries pushed before the eviction stay stale
+        self._free: list = []
 
     # --- queries -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -166,9 +177,8 @@ class PrefixCache:
         hit = self.match_hashes(hashes)
         blocks = self.blocks
         path = [blocks[h] for h in hashes[:hit]]
-        for block in path:
-            block.pins += 1
-            block.version += 1
+        if path:
+            path[-1].pins += 1  # the tip's pin holds the whole path (see Block)
         lease = Lease(path, hit, access, True)
         self.policy.on_hit(path, access, now)
         self._extend(lease, hashes, hit, now, True)
@@ -196,9 +206,11 @@ class PrefixCache:
                 block = blocks.get(h)
                 if block is None:
                     break
-                block.pins += 1
-                block.version += 1
                 path.append(block)
+            if len(path) > new_start:  # the pin moves to the new tip
+                path[-1].pins += 1
+                if new_start:
+                    path[new_start - 1].pins -= 1
             todo = todo[len(path) - new_start :]
         # none of ``todo`` is cached now; evicting up front is the same as one at a time, since
         # the new blocks are pinned
@@ -209,28 +221,42 @@ class PrefixCache:
         if len(todo) > room:
             todo = todo[: max(room, 0)]
             lease.complete = False
-        parent = path[-1] if path else None
-        if todo and parent is not None:
-            parent.children += 1
-            parent.version += 1
-        first_new = len(path)
-        for h in todo:
-            block = Block(h, parent, now)
-            blocks[h] = block
-            path.append(block)
-            parent = block
-        for block in path[first_new:-1]:
-            block.children = 1
+        if todo:
+            tip = path[-1] if path else None
+            parent = tip
+            if parent is not None:
+                parent.children += 1  # its heap entry, if any, is skipped while it has children
+            free = self._free
+            for h in todo:  # a chain: every new block but the last has one child, the next one
+                if free:  # an evicted block, recycled: Block.__init__'s fields, version kept
+                    block = free.pop()
+                    block.key = h
+                    block.parent = parent
+                    block.children = 1
+                    block.created = block.last_access = now
+                    block.count = 0
+                    block.next_use = -1.0
+                    block.score = _NEG_INF
+                else:
+                    block = Block(h, parent, now, 1)
+                blocks[h] = block
+                path.append(block)
+                parent = block
+            block.children = 0
+            block.pins = 1  # the pin moves to the new tip
+            if tip is not None:
+                tip.pins -= 1
         self.policy.on_insert(path[new_start:], lease.access, now, new_start)
 
     def release(self, lease: Lease, now: float = 0.0) -> None:
         """End a request: tell the policy, unpin its blocks, make unpinned leaves evictable."""
         path = lease.blocks
         self.policy.on_finish(path, lease.access, now)
-        for block in path:
-            block.pins -= 1
-            if block.pins == 0 and block.children == 0:
-                self._push(block)
+        if path:  # only the tip can become an unpinned leaf
+            tip = path[-1]
+            tip.pins -= 1
+            if tip.pins == 0 and tip.children == 0:
+                self._push(tip)
         lease.blocks = []
 
     # --- eviction ------------------------------------------------------------------------------
@@ -245,15 +271,21 @@ class PrefixCache:
         """Evict up to ``count`` unpinned leaves, smallest priority first; return how many."""
         heap = self._heap
         blocks = self.blocks
+        free = self._free
         priority = self.policy.priority
         done = 0
         while done < count and heap:
-            *_, version, block = heapq.heappop(heap)
-            if version != block.version or blocks.get(block.key) is not block:
-                continue  # stale: pinned, gained a child or re-prioritised since the push
+            entry = heapq.heappop(heap)
+            block = entry[-1]
+            # stale: re-pushed or evicted since (the version moved on), or pinned or a parent
+            # now (an entry is pushed again when its block next becomes an unpinned leaf)
+            if entry[-2] != block.version or block.pins or block.children:
+                continue
+            top = heap[0][:2] if heap else None  # the heap is unchanged until the chain ends
             while True:
                 del blocks[block.key]
                 block.version += 1
+                free.append(block)
                 done += 1
                 parent = block.parent
                 if parent is None:
@@ -263,7 +295,7 @@ class PrefixCache:
                     break
                 # the parent just became a leaf: if it beats the heap's top it is next anyway
                 # (a pushed entry would lose every tie, having the newest counter)
-                if done < count and (not heap or priority(parent) < heap[0][:2]):
+                if done < count and (top is None or priority(parent) < top):
                     block = parent
                     continue
                 self._push(parent)

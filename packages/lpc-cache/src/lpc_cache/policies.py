@@ -4,7 +4,10 @@ A policy sees three events on the blocks of a request's path: ``on_hit`` (cached
 reuses, at arrival), ``on_insert`` (blocks it stores) and ``on_finish`` (its whole path, when it
 ends), and gives every evictable block a ``priority``: the cache evicts the unpinned leaf with
 the smallest one. Priorities change only while a block is pinned, so a block's heap entry stays
-valid while it is evictable (the cache's lazy-invalidation heap relies on this).
+valid while it is evictable (the cache's lazy-invalidation heap relies on this). A priority is
+read only once the block is unpinned, i.e. after the ``on_finish`` of every request that held
+it, so a policy need not record in ``on_hit`` / ``on_insert`` what ``on_finish`` overwrites (LRU
+records nothing there: the replay's per-block work is its cost).
 
 * LRU (vLLM, SGLang): last access time.
 * LFU: access count, ties by last access.
@@ -53,13 +56,11 @@ class EvictionPolicy:
     name = "lru"
 
     def on_hit(self, blocks: list, access: Access, now: float) -> None:
-        for block in blocks:
-            block.last_access = now
+        """``blocks`` (cached) are reused by the request, at its arrival."""
 
     def on_insert(self, blocks: list, access: Access, now: float, start: int) -> None:
-        """``blocks`` were stored for the request; they sit at ``start`` onward in its path."""
-        for block in blocks:
-            block.last_access = now
+        """``blocks`` were stored for the request (new ones have ``created = last_access = now``,
+        a reply's may have been cached already); they sit at ``start`` onward in its path."""
 
     def on_finish(self, blocks: list, access: Access, now: float) -> None:
         for block in blocks:
@@ -82,6 +83,9 @@ class FIFOPolicy(EvictionPolicy):
 
     name = "fifo"
 
+    def on_finish(self, blocks: list, access: Access, now: float) -> None:
+        pass  # the order is fixed at creation
+
     def priority(self, block) -> tuple[float, float]:
         return (block.created, 0.0)
 
@@ -94,7 +98,6 @@ class LFUPolicy(EvictionPolicy):
     def on_hit(self, blocks: list, access: Access, now: float) -> None:
         for block in blocks:
             block.count += 1
-            block.last_access = now
 
     def on_insert(self, blocks: list, access: Access, now: float, start: int) -> None:
         self.on_hit(blocks, access, now)
@@ -165,7 +168,6 @@ class LPCPolicy(EvictionPolicy):
     def on_hit(self, blocks: list, access: Access, now: float) -> None:
         for block in blocks:  # a hit removes the entry
             block.score = -math.inf
-            block.last_access = now
 
     def on_insert(self, blocks: list, access: Access, now: float, start: int) -> None:
         self.on_hit(blocks, access, now)
