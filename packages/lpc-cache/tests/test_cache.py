@@ -126,7 +126,9 @@ requests = st.lists(
 @given(
     requests=requests,
     capacity=st.integers(0, 12),
-    name=st.sampled_from(["lru", "lfu", "fifo", "lpc", "oracle", "belady"]),
+    name=st.sampled_from(
+        ["lru", "lfu", "fifo", "lpc", "oracle", "belady", "lru+untouched", "lpc+untouched"]
+    ),
 )
 def test_invariants_under_random_overlapping_requests(requests, capacity, name):
     """Capacity never exceeded, every cached block's parent cached, child counts exact, and a
@@ -152,7 +154,7 @@ def test_invariants_under_random_overlapping_requests(requests, capacity, name):
     for t, (prompt, release_now, p, reply) in enumerate(requests):
         sequence = block_hashes(prompt + reply, 1)
         path = sequence[: len(prompt)]
-        access = Access(t, p, p > 0.5, [float(t + 1)] * len(sequence))
+        access = Access(t, p, p > 0.5, [float(t + 1)] * len(sequence), f"c{t % 3}")
         lease = cache.acquire_hashes(path, float(t), access)
         running.append((lease, sequence))
         for held, _ in running:  # every block a running request holds is still cached, and

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lpc_cache import Access, LPCPolicy, PrefixCache, block_hashes, make_policy
+from lpc_cache import Access, LPCPolicy, PrefixCache, UntouchedFirst, block_hashes, make_policy
 
 
 def test_fifo_and_lfu_known_answers(sequential):
@@ -188,3 +189,52 @@ def test_lpc_evicts_the_lowest_current_decayed_probability():
         cache.release(cache.acquire([1000 + trial], now, Access(probability=0.5)), now)
         gone = [k for k in range(n) if cache.match([k]) == 0]
         assert gone == [expected], (trial, decayed)
+
+
+def _serve(cache, prompt, reply, conversation, t):
+    """One request at time ``t`` that ends at once, its reply stored (block size 1)."""
+    lease = cache.acquire_hashes(
+        block_hashes(prompt, 1), float(t), Access(t, 0.5, True, None, conversation)
+    )
+    cache.extend(lease, block_hashes(prompt + reply, 1), float(t))
+    cache.release(lease, float(t))
+    cache.check_invariants()
+
+
+def test_untouched_first_hand_worked_trace():
+    """B [7, 8] at t=0; A's turn 0 [1, 2] + reply [3] at t=1; A's turn 1 [1, 2, 9] at t=2 does
+    not repeat the reply, so block 3 is untouched by A's latest turn. Capacity 6 is then full.
+    C [5] at t=3 and D [6] at t=4 need one block each: plain LRU takes 8 then 7 (B's, the
+    oldest); untouched-first takes 3 first, then B's leaf 8 (LRU within the second tier)."""
+
+    def run(policy):
+        cache = PrefixCache(6, block_size=1, policy=make_policy(policy))
+        _serve(cache, [7, 8], [], "B", 0)
+        _serve(cache, [1, 2], [3], "A", 1)
+        _serve(cache, [1, 2, 9], [], "A", 2)
+        cached = [set(cache.blocks)]
+        for t, (token, conversation) in enumerate([(5, "C"), (6, "D")], start=3):
+            _serve(cache, [token], [], conversation, t)
+            cached.append(set(cache.blocks))
+        return [sorted(before - after) for before, after in itertools.pairwise(cached)]
+
+    h = {k: block_hashes(p, 1)[-1] for k, p in {3: [1, 2, 3], 7: [7], 8: [7, 8]}.items()}
+    assert run("lru") == [[h[8]], [h[7]]]
+    assert run("lru+untouched") == [[h[3]], [h[8]]]
+    # LPC with equal probabilities is LRU: the same rule on top gives the same victims
+    assert run("lpc+untouched") == [[h[3]], [h[8]]]
+
+
+def test_untouched_first_needs_the_conversation():
+    policy = make_policy("lpc+untouched", scale=0.1)
+    assert isinstance(policy, UntouchedFirst)
+    assert policy.base.scale == 0.1
+    assert policy.name == "lpc+untouched"
+    cache = PrefixCache(8, block_size=1, policy=policy)
+    lease = cache.acquire_hashes(block_hashes([1], 1), 0.0, Access(0, 0.5))
+    with pytest.raises(ValueError, match="conversation"):
+        cache.release(lease, 0.0)
+    with pytest.raises(ValueError, match="unknown policy"):
+        make_policy("lru+newest")
+    with pytest.raises(TypeError, match="base"):
+        UntouchedFirst(policy)

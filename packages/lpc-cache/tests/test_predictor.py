@@ -16,6 +16,7 @@ from lpc_cache import (
     Trace,
     combined_text,
     mcc,
+    mcc_threshold,
     roc_auc,
     split_conversations,
     trace_features,
@@ -145,3 +146,73 @@ def test_construction_is_seeded_and_leaves_the_global_rng_alone():
     b = ContinuationPredictor(config)
     for wa, wb in zip(a.model.parameters(), b.model.parameters(), strict=True):
         assert torch.equal(wa, wb)
+
+
+def test_authors_network_matches_their_description():
+    """Linear -> BatchNorm -> ReLU -> Dropout(0.3), twice, two logits; softmax[:, 1] is
+    p(continue); unweighted cross-entropy; Adam 5e-5, batch 256, 20 epochs, raw turn index."""
+    config = PredictorConfig.authors(embedding_dim=8, history=0)
+    assert (config.lr, config.batch_size, config.epochs) == (5e-5, 256, 20)
+    assert (config.class_weighted, config.turn_feature, config.dropout) == (False, "raw", 0.3)
+    predictor = ContinuationPredictor(config)
+    kinds = [type(m).__name__ for m in predictor.model]
+    assert kinds == ["Linear", "BatchNorm1d", "ReLU", "Dropout"] * 2 + ["Linear"]
+    assert predictor.model[-1].out_features == 2
+    x, y = synthetic(300, config, 0)
+    predictor.fit(x[:250], y[:250], x[250:], y[250:])
+    with torch.no_grad():
+        logits = predictor.model.eval()(torch.from_numpy(x[250:]))
+    expected = torch.softmax(logits, dim=-1)[:, 1].double().numpy()
+    np.testing.assert_allclose(predictor.predict_proba(x[250:]), expected, rtol=1e-6)
+    # unweighted: the loss is plain cross-entropy of the two logits
+    target = torch.from_numpy(y[250:]).long()
+    plain = torch.nn.functional.cross_entropy(logits, target).item()
+    assert predictor._loss(torch.from_numpy(x[250:]), torch.from_numpy(y[250:]), 0.3).item() == (
+        pytest.approx(plain, rel=1e-6)
+    )
+    with pytest.raises(ValueError, match="network"):
+        PredictorConfig(network="resnet")
+    with pytest.raises(ValueError, match="turn_feature"):
+        PredictorConfig(turn_feature="sqrt")
+
+
+def test_class_weights_are_inverse_frequencies():
+    """Weighted BCE (one logit) and weighted cross-entropy (two) against a hand computation."""
+    logits = torch.tensor([[0.3], [-1.2], [2.0]])
+    y = torch.tensor([1.0, 0.0, 0.0])
+    share = 0.25  # positives in the training labels
+    config = PredictorConfig(embedding_dim=2, history=0)
+    predictor = ContinuationPredictor(config)
+    predictor.model = lambda x: logits  # the loss of given logits
+    p = torch.sigmoid(logits.squeeze(-1))
+    hand = -(3.0 * torch.log(p[0]) + torch.log(1 - p[1]) + torch.log(1 - p[2])) / 3
+    assert predictor._loss(torch.zeros(3, 3), y, share).item() == pytest.approx(hand.item())
+    two = torch.tensor([[0.1, 0.4], [0.5, -0.7], [1.0, 3.0]])
+    authors = ContinuationPredictor(
+        PredictorConfig.authors(embedding_dim=2, history=0, class_weighted=True)
+    )
+    authors.model = lambda x: two
+    logp = torch.log_softmax(two, dim=-1)
+    w = torch.tensor([1 / 0.75, 1 / 0.25])  # total/negatives, total/positives
+    hand = -(w[1] * logp[0, 1] + w[0] * logp[1, 0] + w[0] * logp[2, 0]) / (w[1] + 2 * w[0])
+    assert authors._loss(torch.zeros(3, 3), y, share).item() == pytest.approx(hand.item())
+
+
+def test_raw_turn_feature():
+    encoder = HashingEncoder(dim=4)
+    prompt = np.arange(4, dtype=np.int32)
+    requests = [Request(float(t), "a", t, prompt, 1, t == 2, f"q{t}") for t in range(3)]
+    x, _ = trace_features(
+        Trace(requests), encoder, PredictorConfig(embedding_dim=4, turn_feature="raw")
+    )
+    np.testing.assert_array_equal(x[:, -1], [0, 1, 2])
+
+
+def test_mcc_threshold_is_the_brute_force_best():
+    rng = np.random.default_rng(1)
+    for trial in range(20):
+        y = rng.integers(0, 2, size=60)
+        scores = np.round(rng.uniform(size=60) + 0.4 * y * (trial % 3), 1)  # ties
+        t = mcc_threshold(y, scores)
+        brute = max(mcc(y, scores > c) for c in [-np.inf, *np.unique(scores)])
+        assert mcc(y, scores > t) == pytest.approx(brute, abs=1e-12)

@@ -5,7 +5,7 @@ ShareGPT traces."""
 from importlib import metadata as _metadata
 
 from lpc_cache.cache import Block, Lease, PrefixCache, block_hashes
-from lpc_cache.encoders import HashingEncoder, SentenceEncoder, TextEncoder
+from lpc_cache.encoders import E5Encoder, HashingEncoder, SentenceEncoder, TextEncoder
 from lpc_cache.policies import (
     POLICIES,
     Access,
@@ -16,6 +16,7 @@ from lpc_cache.policies import (
     LPCPolicy,
     LRUPolicy,
     OraclePolicy,
+    UntouchedFirst,
     make_policy,
 )
 from lpc_cache.predictor import (
@@ -23,6 +24,7 @@ from lpc_cache.predictor import (
     PredictorConfig,
     combined_text,
     mcc,
+    mcc_threshold,
     roc_auc,
     split_conversations,
     trace_features,
@@ -58,6 +60,7 @@ __all__ = [
     "BeladyPolicy",
     "Block",
     "ContinuationPredictor",
+    "E5Encoder",
     "EvictionPolicy",
     "FIFOPolicy",
     "HashingEncoder",
@@ -76,6 +79,7 @@ __all__ = [
     "TextEncoder",
     "Trace",
     "TraceConfig",
+    "UntouchedFirst",
     "__version__",
     "block_hashes",
     "build_trace",
@@ -85,6 +89,7 @@ __all__ = [
     "load_trace",
     "make_policy",
     "mcc",
+    "mcc_threshold",
     "prepare",
     "roc_auc",
     "save_trace",

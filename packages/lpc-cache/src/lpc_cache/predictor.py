@@ -3,12 +3,21 @@
 Features of a request (``features="combined"``, the paper's): one embedding of the text made of
 its user prompt and the previous ``history`` (4) user prompts of the conversation, oldest first,
 a ``word_budget`` (512 words) split evenly across them (a longer prompt keeps its first and last
-words), joined by ``"\nThe next user query is: "``; then ``log(1 + turns)``, the number of user
-turns so far. ``features="stacked"`` instead concatenates one embedding per prompt (zeros where
-the conversation is shorter). Model: a 3-layer MLP (``hidden`` = 128 units, ReLU) giving a
-logit; class-weighted BCE (positives weighted by ``negatives / positives``), Adam, at most
-``epochs`` (20) epochs, the weights of the best validation loss kept (early stop after
-``patience`` epochs without improvement). Saved as ``model.safetensors`` + ``config.json``.
+words), joined by ``"\nThe next user query is: "``; then the turn count (``log(1 + turns)`` or,
+as in the authors' code, the raw 0-based turn index). ``features="stacked"`` instead
+concatenates one embedding per prompt (zeros where the conversation is shorter).
+
+Two networks (``network``):
+
+* ``"mlp"``, the paper's description: a 3-layer MLP (``hidden`` = 128 units, ReLU) giving one
+  logit; class-weighted BCE (positives weighted by ``negatives / positives``), Adam, at most
+  ``epochs`` (20) epochs, early stop after ``patience`` epochs without a better validation loss.
+* ``"authors"``, the authors' training script (``PredictorConfig.authors()``): Linear -> BatchNorm
+  -> ReLU -> Dropout(0.3), twice, then two logits and a softmax; unweighted cross-entropy, Adam
+  at 5e-5, batch 256, 20 epochs, the raw turn index.
+
+Both keep the weights of the best validation loss. Saved as ``model.safetensors`` +
+``config.json``.
 """
 
 from __future__ import annotations
@@ -48,6 +57,12 @@ class PredictorConfig:
         lr: Adam learning rate.
         patience: stop after this many epochs without a better validation loss.
         seed: initialisation and shuffling seed.
+        network: ``"mlp"`` (the paper's description) or ``"authors"`` (BatchNorm, dropout, two
+            logits: the authors' code).
+        dropout: dropout after each hidden layer of the ``"authors"`` network.
+        class_weighted: weight the loss by the inverse class frequencies.
+        turn_feature: ``"log1p"`` (``log(1 + turns)``) or ``"raw"`` (the 0-based turn index,
+            the authors' feature).
     """
 
     embedding_dim: int = 384
@@ -60,10 +75,38 @@ class PredictorConfig:
     lr: float = 1e-3
     patience: int = 5
     seed: int = 0
+    network: str = "mlp"
+    dropout: float = 0.3
+    class_weighted: bool = True
+    turn_feature: str = "log1p"
+
+    @classmethod
+    def authors(cls, **overrides) -> PredictorConfig:
+        """The authors' training script: BatchNorm + dropout 0.3 network with two logits,
+        unweighted cross-entropy, Adam 5e-5, batch 256, 20 epochs (no early stop), raw turn
+        index; ``overrides`` set any other field (e.g. ``embedding_dim``)."""
+        settings = {
+            "network": "authors",
+            "class_weighted": False,
+            "turn_feature": "raw",
+            "lr": 5e-5,
+            "batch_size": 256,
+            "epochs": 20,
+            "patience": 20,
+        }
+        return cls(**{**settings, **overrides})
 
     def __post_init__(self) -> None:
         if self.features not in FEATURES:
             raise ValueError(f"features must be one of {FEATURES}, got {self.features!r}")
+        if self.network not in NETWORKS:
+            raise ValueError(f"network must be one of {NETWORKS}, got {self.network!r}")
+        if self.turn_feature not in TURN_FEATURES:
+            raise ValueError(
+                f"turn_feature must be one of {TURN_FEATURES}, got {self.turn_feature!r}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         for name in ("embedding_dim", "hidden", "epochs", "batch_size", "patience", "word_budget"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -79,6 +122,8 @@ class PredictorConfig:
 
 
 FEATURES = ("combined", "stacked")
+NETWORKS = ("mlp", "authors")
+TURN_FEATURES = ("log1p", "raw")
 SEPARATOR = "\nThe next user query is: "
 
 
@@ -146,19 +191,29 @@ def trace_features(
             for slot, text in enumerate(window(r)):
                 if text is not None:
                     x[i, slot * dim : (slot + 1) * dim] = table[row[text]]
-        x[i, -1] = math.log1p(r.turn + 1)
+        x[i, -1] = r.turn if config.turn_feature == "raw" else math.log1p(r.turn + 1)
     y = np.array([0.0 if r.last_turn else 1.0 for r in trace.requests], dtype=np.float32)
     return x, y
 
 
 def continuation_mlp(config: PredictorConfig) -> nn.Sequential:
-    """The 3-layer MLP: ``(B, input_dim) -> (B, 1)`` logits."""
+    """The network: ``(B, input_dim) -> (B, 1)`` logits (``"mlp"``: the 3-layer MLP) or
+    ``(B, 2)`` (``"authors"``: Linear, BatchNorm, ReLU, Dropout twice, then two logits)."""
+    h = config.hidden
+    if config.network == "authors":
+        return nn.Sequential(
+            nn.Linear(config.input_dim, h),
+            nn.BatchNorm1d(h),
+            nn.ReLU(),
+            nn.Dropout(config.dropout),
+            nn.Linear(h, h),
+            nn.BatchNorm1d(h),
+            nn.ReLU(),
+            nn.Dropout(config.dropout),
+            nn.Linear(h, 2),
+        )
     return nn.Sequential(
-        nn.Linear(config.input_dim, config.hidden),
-        nn.ReLU(),
-        nn.Linear(config.hidden, config.hidden),
-        nn.ReLU(),
-        nn.Linear(config.hidden, 1),
+        nn.Linear(config.input_dim, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 1)
     )
 
 
@@ -192,9 +247,18 @@ class ContinuationPredictor:
             torch.manual_seed(config.seed)
             self.model = continuation_mlp(config)
 
-    def _loss(self, x: torch.Tensor, y: torch.Tensor, pos_weight: torch.Tensor) -> torch.Tensor:
-        logits = self.model(x).squeeze(-1)
-        return nn.functional.binary_cross_entropy_with_logits(logits, y, pos_weight=pos_weight)
+    def _loss(self, x: torch.Tensor, y: torch.Tensor, positives: float) -> torch.Tensor:
+        """BCE (one logit) or cross-entropy (two), weighted by the inverse class frequencies of
+        the training labels (``positives``: their share) when ``class_weighted``."""
+        logits = self.model(x)
+        weighted = self.config.class_weighted
+        if logits.shape[-1] == 2:  # the authors': weights total/negatives and total/positives
+            weight = torch.tensor([1 / (1 - positives), 1 / positives]) if weighted else None
+            return nn.functional.cross_entropy(logits, y.long(), weight=weight)
+        pos_weight = torch.tensor((1 - positives) / positives) if weighted else None
+        return nn.functional.binary_cross_entropy_with_logits(
+            logits.squeeze(-1), y, pos_weight=pos_weight
+        )
 
     def fit(
         self, x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val: np.ndarray
@@ -224,13 +288,13 @@ class ContinuationPredictor:
         positives = float(y_train.sum())
         if positives in (0.0, float(len(y_train))):
             raise ValueError("the training labels must contain both classes")
-        pos_weight = torch.tensor((len(y_train) - positives) / positives)
+        share = positives / len(y_train)
         xt, yt = torch.from_numpy(x_train), torch.from_numpy(y_train)
         xv, yv = torch.from_numpy(x_val), torch.from_numpy(y_val)
         optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
         generator = torch.Generator().manual_seed(cfg.seed)
         with torch.no_grad():
-            best = self._loss(xv, yv, pos_weight).item()
+            best = self._loss(xv, yv, share).item()
         history = {"train_loss": [], "val_loss": [best], "best_epoch": 0}
         best_state, waited = copy.deepcopy(self.model.state_dict()), 0
         for epoch in range(1, cfg.epochs + 1):
@@ -239,14 +303,16 @@ class ContinuationPredictor:
             total = 0.0
             for start in range(0, len(xt), cfg.batch_size):
                 idx = order[start : start + cfg.batch_size]
-                loss = self._loss(xt[idx], yt[idx], pos_weight)
+                if len(idx) == 1 and cfg.network == "authors":
+                    continue  # BatchNorm cannot train on one example
+                loss = self._loss(xt[idx], yt[idx], share)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
                 total += loss.item() * len(idx)
             self.model.eval()
             with torch.no_grad():
-                val = self._loss(xv, yv, pos_weight).item()
+                val = self._loss(xv, yv, share).item()
             history["train_loss"].append(total / len(xt))
             history["val_loss"].append(val)
             logger.info("epoch %d: train %.4f, validation %.4f", epoch, total / len(xt), val)
@@ -266,10 +332,13 @@ class ContinuationPredictor:
         """P(continue) of float32 ``(N, input_dim)`` features -> float64 ``(N,)``."""
         _check_xy(x, None, self.config.input_dim, "input")
         self.model.eval()
-        out = [
-            torch.sigmoid(self.model(torch.from_numpy(x[i : i + batch_size])).squeeze(-1))
-            for i in range(0, len(x), batch_size)
-        ]
+        out = []
+        for i in range(0, len(x), batch_size):
+            logits = self.model(torch.from_numpy(x[i : i + batch_size]))
+            if logits.shape[-1] == 2:  # p(continue) = softmax(logits)[:, 1]
+                out.append(torch.softmax(logits, dim=-1)[:, 1])
+            else:
+                out.append(torch.sigmoid(logits.squeeze(-1)))
         return torch.cat(out).double().numpy() if out else np.zeros(0)
 
     def predict_trace(self, trace: Trace, encoder: TextEncoder) -> np.ndarray:
@@ -334,6 +403,31 @@ def mcc(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     fn = float(np.sum(y_true & ~y_pred))
     denominator = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
     return (tp * tn - fp * fn) / denominator if denominator else 0.0
+
+
+def mcc_threshold(y_true: np.ndarray, scores: np.ndarray) -> float:
+    """The threshold ``t`` maximising ``mcc(y_true, scores > t)`` over every distinct score
+    (the authors' accuracy script picks it on one half of the data and reports the other);
+    ties go to the smallest ``t``."""
+    y = np.asarray(y_true).astype(bool)
+    s = np.asarray(scores, dtype=float)
+    if len(s) == 0:
+        raise ValueError("no scores")
+    order = np.argsort(-s, kind="mergesort")
+    sorted_scores, sorted_y = s[order], y[order]
+    # predicting positive for the top k: k runs over the ends of groups of equal scores
+    ends = np.r_[np.nonzero(np.diff(sorted_scores))[0] + 1, len(s)]
+    tp = np.cumsum(sorted_y)[ends - 1].astype(float)
+    fp = ends - tp
+    pos, neg = float(y.sum()), float((~y).sum())
+    fn, tn = pos - tp, neg - fp
+    denominator = np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        values = np.where(denominator > 0, (tp * tn - fp * fn) / denominator, 0.0)
+    k = int(np.argmax(values))
+    # scores > t selects the first ends[k] items: t is the next group's score, or below all
+    below = sorted_scores[ends[k]] if ends[k] < len(s) else np.nextafter(sorted_scores[-1], -np.inf)
+    return float(below)
 
 
 def roc_auc(y_true: np.ndarray, scores: np.ndarray) -> float:

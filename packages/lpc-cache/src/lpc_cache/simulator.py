@@ -199,7 +199,10 @@ def simulate(
     n = len(trace.requests)
     if probabilities is not None and len(probabilities) != n:
         raise ValueError(f"{len(probabilities)} probabilities for {n} requests")
-    next_use = prepared.next_use() if isinstance(policy, BeladyPolicy) else None
+    future = isinstance(policy, BeladyPolicy) or isinstance(
+        getattr(policy, "base", None), BeladyPolicy
+    )
+    next_use = prepared.next_use() if future else None
     cache = PrefixCache(capacity_tokens, block_size, policy)
     pending: list = []  # (finish time, index, lease)
     server_free = 0.0
@@ -221,6 +224,7 @@ def simulate(
             None if probabilities is None else float(probabilities[i]),
             continues[i],
             None if next_use is None else next_use[i],
+            request.conversation_id,
         )
         lease = cache.acquire_hashes(prompts[i], now, access)
         hit = lease.hit_blocks * block_size
