@@ -52,6 +52,11 @@ BUILD = ["trace", "build", "--out", "x.jsonl", "--conversations", "3"]
             "mru",
         ),  # no such policy
         (
+            ["simulate", "--trace", "t.jsonl", "--policy", "lru+new", "--capacity-tokens", "9"],
+            "lru+new",
+        ),  # no such rule
+        ([*TRAIN, "--encoder", "bert"], "'bert'"),  # no such encoder
+        (
             ["simulate", "--trace", "no.jsonl", "--policy", "lru", "--capacity-tokens", "9"],
             "no.jsonl",
         ),  # a missing trace
@@ -112,12 +117,13 @@ def test_bad_arguments_are_refused_at_the_parser(work, capsys, monkeypatch, argv
 def test_lpc_without_a_predictor_is_refused_before_loading_the_trace(work, capsys, monkeypatch):
     # the lpc policy needs the predictor's probabilities
     monkeypatch.setattr(lpc_cache.trace, "load_trace", lambda *a: pytest.fail("trace loaded"))
-    line = refused(
-        ["simulate", "--trace", "t.jsonl", "--policy", "lpc", "--capacity-tokens", "9"],
-        capsys,
-        work,
-    )
-    assert "--predictor" in line
+    for policy in ("lpc", "lpc+untouched"):
+        line = refused(
+            ["simulate", "--trace", "t.jsonl", "--policy", policy, "--capacity-tokens", "9"],
+            capsys,
+            work,
+        )
+        assert "--predictor" in line
 
 
 def _broken_predictor(root: Path, name: str, config: str | None, weights: bytes | None) -> str:
@@ -203,7 +209,7 @@ def test_corrupt_trace_is_refused_naming_the_file(work, capsys, content, expect)
 def test_train_refuses_a_trace_it_cannot_learn_from_before_embedding(
     work, capsys, monkeypatch, write_trace
 ):
-    monkeypatch.setattr(cli_main, "_sentence_encoder", lambda d: pytest.fail("encoder loaded"))
+    monkeypatch.setattr(cli_main, "_encoder", lambda n, d: pytest.fail("encoder loaded"))
     # a trace without user_text gives the predictor nothing to read
     write_trace(work / "bare.jsonl", user_text=False)
     line = refused(["train-predictor", "--trace", "bare.jsonl", "--out", "p2"], capsys, work)
@@ -217,7 +223,7 @@ def test_train_refuses_a_trace_it_cannot_learn_from_before_embedding(
 
 
 def test_lpc_needs_user_text_before_embedding(work, capsys, monkeypatch, write_trace):
-    monkeypatch.setattr(cli_main, "_sentence_encoder", lambda d: pytest.fail("encoder loaded"))
+    monkeypatch.setattr(cli_main, "_encoder", lambda n, d: pytest.fail("encoder loaded"))
     # a trace without user_text gives the predictor nothing to read
     write_trace(work / "bare.jsonl", user_text=False)
     argv = ["simulate", "--trace", "bare.jsonl", "--policy", "lpc", "--capacity-tokens", "9"]
@@ -265,7 +271,7 @@ def test_failed_training_leaves_no_predictor_folder(work, capsys, monkeypatch):
     class Encoder(lpc_cache.HashingEncoder):
         cache_path = Path("unused.npz")
 
-    monkeypatch.setattr(cli_main, "_sentence_encoder", lambda folder: Encoder(dim=4))
+    monkeypatch.setattr(cli_main, "_encoder", lambda name, folder: Encoder(dim=4))
     monkeypatch.setattr(cli_main, "_require", lambda *a, **k: None)
 
     def broken_save(self, directory):
@@ -277,7 +283,7 @@ def test_failed_training_leaves_no_predictor_folder(work, capsys, monkeypatch):
     assert not (work / "p2").exists()
     monkeypatch.undo()
     monkeypatch.chdir(work)
-    monkeypatch.setattr(cli_main, "_sentence_encoder", lambda folder: Encoder(dim=4))
+    monkeypatch.setattr(cli_main, "_encoder", lambda name, folder: Encoder(dim=4))
     monkeypatch.setattr(cli_main, "_require", lambda *a, **k: None)
     assert main(TRAIN) == 0  # the same run, writing normally, fills the folder
     assert {p.name for p in (work / "p2").iterdir()} == {
@@ -286,6 +292,10 @@ def test_failed_training_leaves_no_predictor_folder(work, capsys, monkeypatch):
         "training.json",
     }
     assert lpc_cache.ContinuationPredictor.load(work / "p2").config.embedding_dim == 4
+    # the authors' network, recorded in the saved config with the encoder it was trained on
+    assert main([*TRAIN[:-1], "p3", "--network", "authors", "--encoder", "minilm"]) == 0
+    config = lpc_cache.ContinuationPredictor.load(work / "p3").config
+    assert (config.network, config.encoder, config.word_budget) == ("authors", "minilm", 192)
 
 
 def test_save_trace_is_atomic(tmp_path, monkeypatch, write_trace):

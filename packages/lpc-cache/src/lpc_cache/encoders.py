@@ -69,6 +69,9 @@ class HashingEncoder:
 # words of the predictor's combined text that fit MiniLM's 256 word pieces (about 1.3 pieces a
 # word), so the current prompt, which comes last, is not cut off; the paper's e5 takes 512
 MINILM_WORD_BUDGET = 192
+# the predictor's encoders by name, with the word budget of their combined text: e5 as in the
+# authors' code (512 words, the text then truncated to e5's 512 tokens), MiniLM as above
+WORD_BUDGETS = {"e5": 512, "minilm": MINILM_WORD_BUDGET}
 
 
 class _EmbeddingCache:
@@ -228,3 +231,13 @@ class E5Encoder:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         return self._cache.lookup(texts, self._embed)
+
+
+def make_encoder(name: str, cache_dir: str | Path | None = None) -> TextEncoder:
+    """The predictor encoder ``name`` (``"e5"``: :class:`E5Encoder`, the paper's; ``"minilm"``:
+    :class:`SentenceEncoder` over all-MiniLM-L6-v2), caching embeddings in ``cache_dir``."""
+    if name == "e5":
+        return E5Encoder(cache_dir=cache_dir)
+    if name == "minilm":
+        return SentenceEncoder(cache_dir=cache_dir)
+    raise ValueError(f"unknown encoder {name!r}; choose one of {sorted(WORD_BUDGETS)}")

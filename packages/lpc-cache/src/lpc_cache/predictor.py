@@ -63,6 +63,9 @@ class PredictorConfig:
         class_weighted: weight the loss by the inverse class frequencies.
         turn_feature: ``"log1p"`` (``log(1 + turns)``) or ``"raw"`` (the 0-based turn index,
             the authors' feature).
+        encoder: name of the text encoder the features come from (``"e5"``, ``"minilm"``;
+            see :func:`~lpc_cache.encoders.make_encoder`), recorded so a saved predictor is
+            applied with the encoder it was trained with.
     """
 
     embedding_dim: int = 384
@@ -79,6 +82,7 @@ class PredictorConfig:
     dropout: float = 0.3
     class_weighted: bool = True
     turn_feature: str = "log1p"
+    encoder: str = "e5"
 
     @classmethod
     def authors(cls, **overrides) -> PredictorConfig:
