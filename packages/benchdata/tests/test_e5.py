@@ -65,6 +65,10 @@ def test_bad_input(e5):
         e5.query("one string")
     with pytest.raises(TypeError, match="item 1"):
         e5.query(["ok", 3])
+    with pytest.raises(ValueError, match="NUL"):
+        e5.query(["before\0after"])
+    with pytest.raises(ValueError, match="UTF-8"):
+        e5.passage(["ok", "\ud800"])
     with pytest.raises(ValueError, match="kind"):
         e5.token_count("x", "document")
     with pytest.raises(ValueError, match="threads"):

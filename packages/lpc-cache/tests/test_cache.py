@@ -170,3 +170,14 @@ def test_invariants_under_random_overlapping_requests(requests, capacity, name):
         finish(float(len(requests)))
     cache.check_invariants()
     assert all(b.pins == 0 for b in cache.blocks.values())
+
+
+def test_extend_refuses_hashes_that_do_not_continue_the_path():
+    cache = PrefixCache(16, block_size=1)
+    lease = cache.acquire_hashes(block_hashes([1, 2], 1))
+    with pytest.raises(ValueError, match="start with the lease"):
+        cache.extend(lease, block_hashes([1, 3, 4], 1))
+    cache.extend(lease, block_hashes([1, 2, 5], 1))
+    cache.release(lease)
+    cache.check_invariants()
+    assert cache.match([1, 2, 5]) == 3

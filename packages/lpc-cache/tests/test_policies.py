@@ -231,9 +231,11 @@ def test_untouched_first_needs_the_conversation():
     assert policy.base.scale == 0.1
     assert policy.name == "lpc+untouched"
     cache = PrefixCache(8, block_size=1, policy=policy)
-    lease = cache.acquire_hashes(block_hashes([1], 1), 0.0, Access(0, 0.5))
-    with pytest.raises(ValueError, match="conversation"):
-        cache.release(lease, 0.0)
+    with pytest.raises(ValueError, match="conversation"):  # refused on arrival, nothing stored
+        cache.acquire_hashes(block_hashes([1], 1), 0.0, Access(0, 0.5))
+    assert len(cache) == 0
+    with pytest.raises(ValueError, match="probability"):  # the wrapped policy's needs too
+        cache.acquire_hashes(block_hashes([1], 1), 0.0, Access(0, None, conversation="a"))
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("lru+newest")
     with pytest.raises(TypeError, match="base"):

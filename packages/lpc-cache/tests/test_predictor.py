@@ -3,6 +3,8 @@ scikit-learn, features from a trace, save/load."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -20,6 +22,7 @@ from lpc_cache import (
     roc_auc,
     split_conversations,
     trace_features,
+    train_rows,
 )
 
 
@@ -206,6 +209,48 @@ def test_raw_turn_feature():
         Trace(requests), encoder, PredictorConfig(embedding_dim=4, turn_feature="raw")
     )
     np.testing.assert_array_equal(x[:, -1], [0, 1, 2])
+
+
+def test_authors_fit_is_repeatable_and_trains_on_turns_up_to_20(tmp_path):
+    config = PredictorConfig.authors(embedding_dim=8, history=0, epochs=3)
+    assert config.patience == 3  # every epoch runs
+    x, y = synthetic(400, config, 0)
+    a, b = ContinuationPredictor(config), ContinuationPredictor(config)
+    torch.manual_seed(1)
+    a.fit(x[:300], y[:300], x[300:], y[300:])
+    torch.manual_seed(2)  # the caller's random state does not matter
+    b.fit(x[:300], y[:300], x[300:], y[300:])
+    np.testing.assert_array_equal(a.predict_proba(x), b.predict_proba(x))
+    prompt = np.arange(4, dtype=np.int32)
+    requests = [Request(float(t), "a", t, prompt, 1, t == 24, "q") for t in range(25)]
+    assert train_rows(Trace(requests), config).tolist() == [True] * 21 + [False] * 4
+    assert train_rows(Trace(requests), PredictorConfig()).all()
+
+
+def test_a_config_saved_without_its_encoder_is_minilm(tmp_path):
+    config = PredictorConfig(embedding_dim=4, history=0, epochs=1)
+    predictor = ContinuationPredictor(config)
+    predictor.save(tmp_path / "p")
+    stored = json.loads((tmp_path / "p" / "config.json").read_text())
+    del stored["encoder"]  # as the package wrote it before it recorded the encoder
+    (tmp_path / "p" / "config.json").write_text(json.dumps(stored))
+    assert ContinuationPredictor.load(tmp_path / "p").config.encoder == "minilm"
+
+
+def test_mcc_threshold_ties_and_no_positive():
+    # two cuts give MCC 1/3: after the top score and after the top three; the higher wins
+    y = np.array([1, 0, 1, 0, 0, 1])
+    scores = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
+    best = max(mcc(y, scores > c) for c in [-np.inf, *scores])
+    t = mcc_threshold(y, scores)
+    assert mcc(y, scores > t) == pytest.approx(best)
+    assert t == max(c for c in scores if mcc(y, scores > c) == pytest.approx(best))
+    # anti-correlated scores: predicting no positive (MCC 0) beats every cut
+    y = np.array([0, 0, 1, 1])
+    t = mcc_threshold(y, np.array([0.9, 0.8, 0.2, 0.1]))
+    assert not np.any(np.array([0.9, 0.8, 0.2, 0.1]) > t)
+    with pytest.raises(ValueError, match="equal"):
+        mcc_threshold(np.array([0, 1]), np.array([0.2, 0.3, 0.4]))
 
 
 def test_mcc_threshold_is_the_brute_force_best():

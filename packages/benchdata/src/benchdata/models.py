@@ -287,10 +287,20 @@ class E5SmallEncoder:
         if isinstance(texts, str):
             raise TypeError("pass a list of texts, not one string")
         texts = list(texts)
-        bad = [i for i, t in enumerate(texts) if not isinstance(t, str)]
-        if bad:
-            raise TypeError(f"texts must be strings; item {bad[0]} is {type(texts[bad[0]])}")
+        for i, text in enumerate(texts):
+            E5SmallEncoder._check(text, f"item {i}")
         return texts
+
+    @staticmethod
+    def _check(text: str, what: str) -> None:
+        if not isinstance(text, str):
+            raise TypeError(f"texts must be strings; {what} is {type(text)}")
+        if "\0" in text:  # the C engine reads up to the first NUL
+            raise ValueError(f"{what} contains a NUL character")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:  # a lone surrogate
+            raise ValueError(f"{what} is not encodable as UTF-8 ({error.reason})") from None
 
     def _encode(self, texts, is_query: bool):
         import numpy as np
@@ -314,6 +324,7 @@ class E5SmallEncoder:
         """Tokens the model reads for `text` with the `kind` prefix, specials included."""
         if kind not in ("query", "passage"):
             raise ValueError(f"kind must be 'query' or 'passage', got {kind!r}")
+        self._check(text, "the text")
         return int(self._engine.token_count(text, kind == "query"))
 
 

@@ -28,6 +28,7 @@ from lpc_cache.predictor import (
     roc_auc,
     split_conversations,
     trace_features,
+    train_rows,
 )
 from lpc_cache.simulator import (
     PreparedTrace,
@@ -98,4 +99,5 @@ __all__ = [
     "split_conversations",
     "sweep",
     "trace_features",
+    "train_rows",
 ]

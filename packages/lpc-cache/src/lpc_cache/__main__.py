@@ -261,6 +261,7 @@ def _train(args) -> int:
         roc_auc,
         split_conversations,
         trace_features,
+        train_rows,
     )
     from lpc_cache.trace import load_trace
 
@@ -297,13 +298,16 @@ def _train(args) -> int:
         )
         x_train, y_train = trace_features(train_trace, encoder, config)
         x_val, y_val = trace_features(val_trace, encoder, config)
+        keep, keep_val = train_rows(train_trace, config), train_rows(val_trace, config)
+        x_val, y_val = x_val[keep_val], y_val[keep_val]
         predictor = ContinuationPredictor(config)
-        history = predictor.fit(x_train, y_train, x_val, y_val)
+        history = predictor.fit(x_train[keep], y_train[keep], x_val, y_val)
         predictor.save(folder)
         p = predictor.predict_proba(x_val)
         threshold = mcc_threshold(y_val, p)
         report = {
             "validation_mcc": mcc(y_val, p > 0.5),
+            # the threshold is chosen on this same data: an optimistic figure
             "validation_mcc_best_threshold": mcc(y_val, p > threshold),
             "best_threshold": threshold,
             "validation_auc": roc_auc(y_val, p),

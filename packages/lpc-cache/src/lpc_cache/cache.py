@@ -84,7 +84,8 @@ class Block:
 
 @dataclass
 class Lease:
-    """Blocks a request holds pinned: ``blocks[:hit_blocks]`` were cached before it came."""
+    """The path of a running request: ``blocks[:hit_blocks]`` were cached before it came.
+    The last block is pinned, which holds the whole path (see :class:`Block`)."""
 
     blocks: list
     hit_blocks: int
@@ -178,6 +179,7 @@ class PrefixCache:
     ) -> Lease:
         """:meth:`acquire` for precomputed :func:`block_hashes`."""
         access = access if access is not None else Access()
+        self.policy.check(access)  # before anything changes
         hit = self.match_hashes(hashes)
         blocks = self.blocks
         path = [blocks[h] for h in hashes[:hit]]
@@ -191,8 +193,12 @@ class PrefixCache:
     def extend(self, lease: Lease, hashes: Sequence[int], now: float = 0.0) -> None:
         """Append blocks (e.g. the reply's KV) to a lease's path; ``hashes`` is the whole path,
         starting with the lease's blocks."""
+        n = len(lease.blocks)
+        if n and (len(hashes) < n or hashes[n - 1] != lease.blocks[-1].key):
+            # chained hashes: equal tips mean equal paths
+            raise ValueError("extend: hashes must start with the lease's path")
         if lease.complete:
-            self._extend(lease, hashes, len(lease.blocks), now, False)
+            self._extend(lease, hashes, n, now, False)
 
     def _extend(
         self, lease: Lease, hashes: Sequence[int], start: int, now: float, fresh: bool

@@ -85,14 +85,19 @@ class _EmbeddingCache:
         if self.path is not None and self.path.exists():
             self._vectors = _read_cache(self.path, dim)
 
-    def lookup(self, texts: list[str], embed) -> np.ndarray:
-        """Rows for ``texts``; ``embed(new_texts) -> (M, dim)`` computes the ones not stored."""
+    def lookup(self, texts: list[str], embed, chunk: int = 1024) -> np.ndarray:
+        """Rows for ``texts``; ``embed(new_texts) -> (M, dim)`` computes the ones not stored,
+        ``chunk`` texts at a time, the file rewritten after each chunk."""
         keys = [hashlib.sha256(f"{self.name}\0{t}".encode()).hexdigest() for t in texts]
-        todo = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._vectors}
+        todo = list(
+            {k: t for k, t in zip(keys, texts, strict=True) if k not in self._vectors}.items()
+        )
         if todo:
             logger.info("embedding %d new texts with %s", len(todo), self.name)
-            vectors = np.asarray(embed(list(todo.values())), dtype=np.float32)
-            self._vectors.update(zip(todo, vectors, strict=True))
+        for start in range(0, len(todo), chunk):
+            part = todo[start : start + chunk]
+            vectors = np.asarray(embed([t for _, t in part]), dtype=np.float32)
+            self._vectors.update(zip((k for k, _ in part), vectors, strict=True))
             if self.path is not None:
                 stored = list(self._vectors)
                 with atomic_file(self.path) as temporary:  # never half a cache file
@@ -183,54 +188,52 @@ class E5Encoder:
             from benchdata import e5_small_encoder
 
             model = e5_small_encoder()
-        if not 3 <= max_tokens <= model.max_tokens:
-            raise ValueError(f"max_tokens must be in [3, {model.max_tokens}], got {max_tokens}")
+        least = model.token_count("", "query")  # the prefix and the special tokens
+        if not least < max_tokens <= model.max_tokens:
+            raise ValueError(
+                f"max_tokens must be in [{least + 1}, {model.max_tokens}], got {max_tokens}"
+            )
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.model, self.max_tokens, self.batch_size = model, max_tokens, batch_size
         self.dim = int(model.dim)
-        self.name = f"multilingual-e5-small-q4@{max_tokens}"
+        # "cut2": the character-level truncation (a word-level one came before)
+        self.name = f"multilingual-e5-small-q4@{max_tokens}/cut2"
         self._cache = _EmbeddingCache(
-            self.name, self.dim, cache_dir, f"multilingual-e5-small-{max_tokens}"
+            self.name, self.dim, cache_dir, f"multilingual-e5-small-{max_tokens}-cut2"
         )
         self.cache_path = self._cache.path
 
     def truncate(self, text: str) -> str:
-        """The longest whitespace-delimited head of ``text`` that fits ``max_tokens``."""
+        """The longest head of ``text`` that fits ``max_tokens`` (with the prefix and the two
+        special tokens), found by bisection over characters: the text the model reads when
+        the reference model cuts its tokens at the limit, to within one token."""
         count = self.model.token_count
         if count(text, "query") <= self.max_tokens:
             return text
-        ends = [m.end() for m in re.finditer(r"\S+", text)]
-        lo, hi = 0, len(ends) - 1  # ends[hi] is the whole text, which does not fit
-        while lo < hi:  # the largest k with text[:ends[k - 1]] fitting (k = 0: empty)
+        lo, hi = 0, len(text) - 1  # text[:len(text)] does not fit; the empty text does
+        while lo < hi:
             mid = (lo + hi + 1) // 2
-            if count(text[: ends[mid - 1]], "query") <= self.max_tokens:
+            if count(text[:mid], "query") <= self.max_tokens:
                 lo = mid
             else:
                 hi = mid - 1
-        if lo == 0:  # a first word longer than the limit: cut it by characters
-            low, high = 0, ends[0]
-            while low < high:
-                mid = (low + high + 1) // 2
-                if count(text[:mid], "query") <= self.max_tokens:
-                    low = mid
-                else:
-                    high = mid - 1
-            return text[:low]
-        return text[: ends[lo - 1]]
+        return text[:lo]
 
     def _embed(self, texts: list[str]) -> np.ndarray:
-        from tqdm.auto import tqdm
-
-        chunks = range(0, len(texts), self.batch_size)
         out = []
-        for start in tqdm(chunks, desc="e5 embeddings", unit="batch", disable=len(texts) < 256):
+        for start in range(0, len(texts), self.batch_size):
             batch = [self.truncate(t) for t in texts[start : start + self.batch_size]]
             out.append(self.model.query(batch))
+            self._progress.update(len(batch))
         return np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        return self._cache.lookup(texts, self._embed)
+        from tqdm.auto import tqdm
+
+        with tqdm(desc="e5 embeddings", unit="text", disable=len(texts) < 256) as progress:
+            self._progress = progress
+            return self._cache.lookup(texts, self._embed)
 
 
 def make_encoder(name: str, cache_dir: str | Path | None = None) -> TextEncoder:

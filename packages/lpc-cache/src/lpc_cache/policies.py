@@ -74,6 +74,10 @@ class EvictionPolicy:
         """Smaller is evicted first (tuples of the same length for every block)."""
         return (block.last_access, block.created)
 
+    def check(self, access: Access) -> None:
+        """Raise ``ValueError`` if ``access`` lacks what this policy needs; the cache calls it
+        when a request arrives, before anything changes."""
+
     def take_changed(self) -> list:
         """Blocks whose priority changed while unpinned (in the last ``on_finish``): the cache
         re-files those that are evictable. Priorities of the policies here change only while a
@@ -127,6 +131,10 @@ class BeladyPolicy(EvictionPolicy):
 
     name = "belady"
 
+    def check(self, access: Access) -> None:
+        if access.next_use is None:
+            raise ValueError("the Belady policy needs Access.next_use (future knowledge)")
+
     def _mark(self, blocks: list, access: Access, offset: int) -> None:
         next_use = access.next_use
         if next_use is None:
@@ -167,6 +175,9 @@ class LPCPolicy(EvictionPolicy):
             raise ValueError(f"epsilon must be in (0, 0.5), got {epsilon}")
         self.scale = scale
         self.epsilon = epsilon
+
+    def check(self, access: Access) -> None:
+        self.logit(access)
 
     def logit(self, access: Access) -> float:
         p = access.probability
@@ -243,6 +254,11 @@ class UntouchedFirst(EvictionPolicy):
         self._stamp = 0
         self._changed: list = []
 
+    def check(self, access: Access) -> None:
+        if access.conversation is None:
+            raise ValueError("the untouched-first rule needs Access.conversation")
+        self.base.check(access)
+
     def on_hit(self, blocks: list, access: Access, now: float) -> None:
         self.base.on_hit(blocks, access, now)
 
@@ -265,7 +281,10 @@ class UntouchedFirst(EvictionPolicy):
         for block in self._path.get(conversation, ()):
             if block.owner == conversation and block.stamp != stamp:
                 self._changed.append(block)
-        self._path[conversation] = list(blocks)
+        if access.continues is False:  # its last turn: no later turn will leave blocks behind
+            self._path.pop(conversation, None)
+        else:
+            self._path[conversation] = list(blocks)
 
     def untouched(self, block) -> bool:
         """The block's conversation finished a turn since, without it."""

@@ -63,6 +63,8 @@ class PredictorConfig:
         class_weighted: weight the loss by the inverse class frequencies.
         turn_feature: ``"log1p"`` (``log(1 + turns)``) or ``"raw"`` (the 0-based turn index,
             the authors' feature).
+        max_train_turn: train only on turns up to this 0-based index (the authors' code: 20),
+            or None for all; see :func:`train_rows`.
         encoder: name of the text encoder the features come from (``"e5"``, ``"minilm"``;
             see :func:`~lpc_cache.encoders.make_encoder`), recorded so a saved predictor is
             applied with the encoder it was trained with.
@@ -82,13 +84,15 @@ class PredictorConfig:
     dropout: float = 0.3
     class_weighted: bool = True
     turn_feature: str = "log1p"
+    max_train_turn: int | None = None
     encoder: str = "e5"
 
     @classmethod
     def authors(cls, **overrides) -> PredictorConfig:
         """The authors' training script: BatchNorm + dropout 0.3 network with two logits,
         unweighted cross-entropy, Adam 5e-5, batch 256, 20 epochs (no early stop), raw turn
-        index; ``overrides`` set any other field (e.g. ``embedding_dim``)."""
+        index, trained on turns 0-20 only; ``overrides`` set any other field (e.g.
+        ``embedding_dim``)."""
         settings = {
             "network": "authors",
             "class_weighted": False,
@@ -96,9 +100,11 @@ class PredictorConfig:
             "lr": 5e-5,
             "batch_size": 256,
             "epochs": 20,
-            "patience": 20,
+            "max_train_turn": 20,
         }
-        return cls(**{**settings, **overrides})
+        settings.update(overrides)
+        settings.setdefault("patience", settings["epochs"])  # every epoch runs
+        return cls(**settings)
 
     def __post_init__(self) -> None:
         if self.features not in FEATURES:
@@ -111,6 +117,8 @@ class PredictorConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.max_train_turn is not None and self.max_train_turn < 0:
+            raise ValueError(f"max_train_turn must be None or >= 0, got {self.max_train_turn}")
         for name in ("embedding_dim", "hidden", "epochs", "batch_size", "patience", "word_budget"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -200,6 +208,15 @@ def trace_features(
     return x, y
 
 
+def train_rows(trace: Trace, config: PredictorConfig) -> np.ndarray:
+    """Boolean mask of the requests of ``trace`` (trace order) a predictor trains on: those
+    with a turn index up to ``config.max_train_turn`` (all when it is None)."""
+    turns = np.array([r.turn for r in trace.requests], dtype=np.int64)
+    if config.max_train_turn is None:
+        return np.ones(len(turns), dtype=bool)
+    return turns <= config.max_train_turn
+
+
 def continuation_mlp(config: PredictorConfig) -> nn.Sequential:
     """The network: ``(B, input_dim) -> (B, 1)`` logits (``"mlp"``: the 3-layer MLP) or
     ``(B, 2)`` (``"authors"``: Linear, BatchNorm, ReLU, Dropout twice, then two logits)."""
@@ -267,7 +284,9 @@ class ContinuationPredictor:
     def fit(
         self, x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val: np.ndarray
     ) -> dict:
-        """Train with class-weighted BCE and keep the best-validation weights.
+        """Train with the configured loss (BCE or two-logit cross-entropy, class-weighted or
+        not) and keep the best-validation weights. Shuffling and dropout are seeded by
+        ``config.seed`` (the caller's random state is left alone), so a fit is repeatable.
 
         Runs on one thread (restored afterwards): for a 128-unit MLP on small batches,
         intra-op threading only adds synchronisation.
@@ -279,7 +298,9 @@ class ContinuationPredictor:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return self._fit(x_train, y_train, x_val, y_val)
+            with torch.random.fork_rng(devices=[]):  # dropout draws from the global generator
+                torch.manual_seed(self.config.seed)
+                return self._fit(x_train, y_train, x_val, y_val)
         finally:
             torch.set_num_threads(threads)
 
@@ -297,6 +318,7 @@ class ContinuationPredictor:
         xv, yv = torch.from_numpy(x_val), torch.from_numpy(y_val)
         optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.lr)
         generator = torch.Generator().manual_seed(cfg.seed)
+        self.model.eval()  # BatchNorm and dropout as at inference, from the first evaluation
         with torch.no_grad():
             best = self._loss(xv, yv, share).item()
         history = {"train_loss": [], "val_loss": [best], "best_epoch": 0}
@@ -380,6 +402,8 @@ class ContinuationPredictor:
         fields = read_json(config_path, "predictor config")
         if not isinstance(fields, dict):
             raise ValueError(f"{config_path}: expected a JSON object of PredictorConfig fields")
+        # a config saved before the encoder was recorded: MiniLM, the only one there was
+        fields.setdefault("encoder", "minilm")
         try:
             config = PredictorConfig(**fields)
         except TypeError as error:  # an unknown or missing field
@@ -410,28 +434,34 @@ def mcc(y_true: np.ndarray, y_pred: np.ndarray) -> float:
 
 
 def mcc_threshold(y_true: np.ndarray, scores: np.ndarray) -> float:
-    """The threshold ``t`` maximising ``mcc(y_true, scores > t)`` over every distinct score
-    (the authors' accuracy script picks it on one half of the data and reports the other);
-    ties go to the smallest ``t``."""
+    """The threshold ``t`` maximising ``mcc(y_true, scores > t)`` (the authors' accuracy script
+    picks it on one half of the data and reports the other). Every cut between distinct scores
+    is tried, and predicting no positive at all; of equally good cuts the highest ``t`` (the
+    fewest positives) is returned."""
     y = np.asarray(y_true).astype(bool)
     s = np.asarray(scores, dtype=float)
-    if len(s) == 0:
-        raise ValueError("no scores")
+    if y.shape != s.shape or y.ndim != 1 or len(s) == 0:
+        raise ValueError(f"labels {y.shape} and scores {s.shape} must be equal, non-empty 1-D")
+    if not np.all(np.isfinite(s)):
+        raise ValueError("scores contain NaN or inf")
     order = np.argsort(-s, kind="mergesort")
     sorted_scores, sorted_y = s[order], y[order]
-    # predicting positive for the top k: k runs over the ends of groups of equal scores
-    ends = np.r_[np.nonzero(np.diff(sorted_scores))[0] + 1, len(s)]
-    tp = np.cumsum(sorted_y)[ends - 1].astype(float)
+    # predicting positive for the top k: k = 0, or k at the end of a group of equal scores
+    ends = np.r_[0, np.nonzero(np.diff(sorted_scores))[0] + 1, len(s)]
+    tp = np.r_[0, np.cumsum(sorted_y)][ends].astype(float)
     fp = ends - tp
     pos, neg = float(y.sum()), float((~y).sum())
     fn, tn = pos - tp, neg - fp
     denominator = np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
     with np.errstate(invalid="ignore", divide="ignore"):
         values = np.where(denominator > 0, (tp * tn - fp * fn) / denominator, 0.0)
-    k = int(np.argmax(values))
-    # scores > t selects the first ends[k] items: t is the next group's score, or below all
-    below = sorted_scores[ends[k]] if ends[k] < len(s) else np.nextafter(sorted_scores[-1], -np.inf)
-    return float(below)
+    k = ends[int(np.argmax(values))]  # the first maximum: the fewest positives
+    # scores > t selects exactly the first k: t is the score of item k (or below all of them)
+    if k == 0:
+        return float(sorted_scores[0])
+    if k < len(s):
+        return float(sorted_scores[k])
+    return float(np.nextafter(sorted_scores[-1], -np.inf))
 
 
 def roc_auc(y_true: np.ndarray, scores: np.ndarray) -> float:

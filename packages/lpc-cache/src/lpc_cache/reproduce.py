@@ -37,6 +37,7 @@ from lpc_cache.predictor import (
     roc_auc,
     split_conversations,
     trace_features,
+    train_rows,
 )
 from lpc_cache.simulator import capacity_at_hit_ratio, prepare, simulate
 from lpc_cache.trace import Trace, TraceConfig, build_trace
@@ -134,8 +135,9 @@ def _predictors(settings: Settings, train: Trace, val: Trace, test: Trace, cache
             x_train, y_train = trace_features(train, encoder, config)
             x_val, y_val = trace_features(val, encoder, config)
             x_test, y_test = trace_features(test, encoder, config)
+            keep, keep_val = train_rows(train, config), train_rows(val, config)
             predictor = ContinuationPredictor(config)
-            history = predictor.fit(x_train, y_train, x_val, y_val)
+            history = predictor.fit(x_train[keep], y_train[keep], x_val[keep_val], y_val[keep_val])
             threshold = mcc_threshold(y_val, predictor.predict_proba(x_val))
             t0 = time.perf_counter()
             p = predictor.predict_proba(x_test)
@@ -217,7 +219,7 @@ def _run(out: Path, *, quick: bool, cache_dir: str | Path | None) -> ReproduceRe
     j = int(np.argmin(np.abs(lru_hits - settings.paper_lru_hit_ratio)))
     serve_lru, serve_lpc = curves[base][j], curves[FAITHFUL][j]
     throughput_gain = serve_lpc.prefill_throughput / serve_lru.prefill_throughput - 1
-    online = [label for label in curves if label != "belady"]
+    online = [label for label in curves if label.startswith(("lru", "lfu", "fifo", "lpc"))]
     belady_bound = min(
         curves["belady"][k].hit_ratio - max(curves[p][k].hit_ratio for p in online)
         for k in range(len(caps))
