@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lpc_cache import Access, PrefixCache, block_hashes, make_policy
+from lpc_cache import Access, Block, PrefixCache, block_hashes, make_policy
 
 
 def test_match_counts_full_blocks_only():
@@ -181,3 +181,20 @@ def test_extend_refuses_hashes_that_do_not_continue_the_path():
     cache.release(lease)
     cache.check_invariants()
     assert cache.match([1, 2, 5]) == 3
+
+
+def test_a_recycled_block_is_a_fresh_block_but_for_its_version():
+    """_extend reuses evicted Block objects, setting Block.__init__'s fields inline: every slot
+    but the version (which keeps counting) must equal a new block's."""
+    cache = PrefixCache(2, block_size=1, policy=make_policy("lpc+untouched"))
+    access = Access(0, 0.9, True, None, "a")
+    cache.release(cache.acquire_hashes(block_hashes([1, 2], 1), 0.0, access), 0.0)
+    old = set(map(id, cache.blocks.values()))
+    lease = cache.acquire_hashes(block_hashes([7, 8], 1), 5.0, access)  # evicts both, reuses them
+    assert set(map(id, cache.blocks.values())) == old
+    for block in lease.blocks:
+        fresh = Block(block.key, block.parent, 5.0, block.children)
+        fresh.pins = block.pins
+        for slot in Block.__slots__:
+            if slot != "version":
+                assert getattr(block, slot) == getattr(fresh, slot), slot

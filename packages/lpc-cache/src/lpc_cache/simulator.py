@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from lpc_cache.cache import PrefixCache, block_hashes
-from lpc_cache.policies import Access, BeladyPolicy, EvictionPolicy, make_policy
+from lpc_cache.policies import Access, EvictionPolicy, make_policy
 from lpc_cache.trace import Trace
 
 
@@ -199,10 +199,7 @@ def simulate(
     n = len(trace.requests)
     if probabilities is not None and len(probabilities) != n:
         raise ValueError(f"{len(probabilities)} probabilities for {n} requests")
-    future = isinstance(policy, BeladyPolicy) or isinstance(
-        getattr(policy, "base", None), BeladyPolicy
-    )
-    next_use = prepared.next_use() if future else None
+    next_use = prepared.next_use() if policy.needs_next_use else None
     cache = PrefixCache(capacity_tokens, block_size, policy)
     pending: list = []  # (finish time, index, lease)
     server_free = 0.0
