@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lpc_cache import Access, Block, PrefixCache, block_hashes, make_policy
+from lpc_cache import Access, Node, PrefixCache, block_hashes, make_policy
 
 
 def test_match_counts_full_blocks_only():
@@ -75,7 +75,7 @@ def test_pinned_blocks_are_never_evicted():
     running = cache.acquire([1, 2, 3], now=0.0)  # pinned until released
     other = cache.acquire([7, 8, 9], now=1.0)  # one free slot: stores 7, then stops
     assert other.complete is False
-    assert len(other.blocks) == 1
+    assert other.length == 1
     assert cache.match([1, 2, 3]) == 3
     cache.release(other, now=1.0)
     cache.release(running, now=2.0)
@@ -137,15 +137,26 @@ def test_invariants_under_random_overlapping_requests(requests, capacity, name):
     cache = PrefixCache(capacity, block_size=1, policy=make_policy(name))
     running = []
 
+    def assert_holds(lease) -> None:
+        """Every block a running request holds is still cached, and held: the path's tip
+        pinned, every other node a parent (only leaves are evicted)."""
+        nodes = lease.nodes
+        assert sum(len(node.keys) for node in nodes) == lease.length
+        assert all(cache.blocks.get(key) is node for node in nodes for key in node.keys)
+        if nodes:
+            assert nodes[-1].pins > 0
+            assert all(node.children > 0 for node in nodes[:-1])
+
     def finish(t: float) -> None:
         lease, sequence = running.pop(0)
         evictions = cache.evictions
         cache.extend(lease, sequence, t)
         cache.check_invariants()
-        assert all(cache.blocks.get(b.key) is b for b in lease.blocks)
-        # the lease's blocks are a prefix of its sequence, each block the child of the one before
-        assert [b.key for b in lease.blocks] == sequence[: len(lease.blocks)]
-        for parent, child in itertools.pairwise(lease.blocks):
+        assert_holds(lease)
+        # the lease's blocks are a prefix of its sequence, each node the child of the one before
+        nodes = lease.nodes
+        assert [key for node in nodes for key in node.keys] == sequence[: lease.length]
+        for parent, child in itertools.pairwise(nodes):
             assert child.parent is parent
         assert cache.evictions >= evictions
         cache.release(lease, t)
@@ -157,12 +168,8 @@ def test_invariants_under_random_overlapping_requests(requests, capacity, name):
         access = Access(t, p, p > 0.5, [float(t + 1)] * len(sequence), f"c{t % 3}")
         lease = cache.acquire_hashes(path, float(t), access)
         running.append((lease, sequence))
-        for held, _ in running:  # every block a running request holds is still cached, and
-            # held: the path's tip pinned, every other block a parent (only leaves are evicted)
-            assert all(cache.blocks.get(b.key) is b for b in held.blocks)
-            if held.blocks:
-                assert held.blocks[-1].pins > 0
-                assert all(b.children > 0 for b in held.blocks[:-1])
+        for held, _ in running:
+            assert_holds(held)
         cache.check_invariants()
         if release_now or len(running) > 3:
             finish(float(t))
@@ -183,18 +190,43 @@ def test_extend_refuses_hashes_that_do_not_continue_the_path():
     assert cache.match([1, 2, 5]) == 3
 
 
-def test_a_recycled_block_is_a_fresh_block_but_for_its_version():
-    """_extend reuses evicted Block objects, setting Block.__init__'s fields inline: every slot
-    but the version (which keeps counting) must equal a new block's."""
-    cache = PrefixCache(2, block_size=1, policy=make_policy("lpc+untouched"))
-    access = Access(0, 0.9, True, None, "a")
+def test_a_recycled_node_is_a_fresh_node_but_for_its_version():
+    """The cache reuses evicted Node objects: every slot but the version (which keeps counting)
+    must equal a new node's."""
+    cache = PrefixCache(2, block_size=1, policy=make_policy("belady+untouched"))
+    access = Access(0, 0.9, True, [1.0, 2.0], "a")
     cache.release(cache.acquire_hashes(block_hashes([1, 2], 1), 0.0, access), 0.0)
-    old = set(map(id, cache.blocks.values()))
-    lease = cache.acquire_hashes(block_hashes([7, 8], 1), 5.0, access)  # evicts both, reuses them
-    assert set(map(id, cache.blocks.values())) == old
-    for block in lease.blocks:
-        fresh = Block(block.key, block.parent, 5.0, block.children)
-        fresh.pins = block.pins
-        for slot in Block.__slots__:
-            if slot != "version":
-                assert getattr(block, slot) == getattr(fresh, slot), slot
+    (old,) = cache.nodes()
+    assert (old.owner, old.next_use) == ("a", [1.0, 2.0])  # state a reused node must drop
+    lease = cache.acquire_hashes(block_hashes([7, 8], 1), 5.0, access)  # evicts both, reuses it
+    (node,) = lease.nodes
+    assert node is old
+    fresh = Node(list(node.keys), 0, None, 5.0)
+    fresh.pins = 1
+    for slot in Node.__slots__:
+        if slot != "version":
+            assert getattr(node, slot) == getattr(fresh, slot), slot
+
+
+def test_a_path_ending_inside_a_node_splits_it():
+    """A prompt that reuses the first half of a stored run: the run is cut in two, the top half
+    a new node with a copy of its state, the bottom half the old node with its pins."""
+    cache = PrefixCache(64, block_size=1, policy="lfu")
+    cache.release(cache.acquire(list(range(8)), now=1.0), now=2.0)
+    (whole,) = cache.nodes()
+    held = cache.acquire(list(range(8)), now=3.0)  # the bottom half's pin, and a heap entry
+    lease = cache.acquire([0, 1, 2, 3, 99], now=4.0)
+    assert lease.hit_blocks == 4
+    cache.check_invariants()
+    top, new = lease.nodes
+    assert (top.keys, top.depth) == (block_hashes(range(4), 1), 0)
+    assert (whole.keys, whole.depth, whole.parent) == (block_hashes(range(8), 1)[4:], 4, top)
+    assert (top.count, top.last_access, top.created) == (3, 2.0, 1.0)  # two uses, then this hit
+    assert (whole.count, whole.pins, top.pins, top.children) == (2, 1, 0, 2)
+    assert (new.keys, new.depth, new.parent) == (block_hashes([0, 1, 2, 3, 99], 1)[4:], 4, top)
+    cache.release(lease, now=5.0)
+    cache.release(held, now=6.0)
+    cache.check_invariants()
+    assert cache.match(list(range(8))) == 8
+    assert cache.match([0, 1, 2, 3, 99]) == 5
+    assert all(node.pins == 0 for node in cache.nodes())

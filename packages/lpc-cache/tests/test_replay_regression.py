@@ -35,11 +35,30 @@ RECORDED = {
     ("belady", 0.4): (928944, 19488, 1357),
     ("oracle", 0.4): (928944, 19488, 1357),
     ("lpc", 0.4): (927104, 19603, 1354),
+    # the authors' untouched-first rule on each policy, recorded with one Block object per block
+    # (commit 1755481), before blocks were stored in runs
+    ("lru+untouched", 0.02): (188560, 76059, 1119),
+    ("lfu+untouched", 0.02): (182048, 76527, 1147),
+    ("fifo+untouched", 0.02): (187696, 76133, 1118),
+    ("belady+untouched", 0.02): (360416, 65507, 1199),
+    ("oracle+untouched", 0.02): (224672, 73911, 1142),
+    ("lpc+untouched", 0.02): (195760, 75766, 1128),
+    ("lru+untouched", 0.1): (624352, 48269, 1283),
+    ("lfu+untouched", 0.1): (306400, 68246, 1191),
+    ("fifo+untouched", 0.1): (624320, 48271, 1283),
+    ("belady+untouched", 0.1): (918416, 29911, 1354),
+    ("oracle+untouched", 0.1): (908528, 30529, 1352),
+    ("lpc+untouched", 0.1): (528016, 54423, 1244),
+    ("lru+untouched", 0.4): (925328, 19714, 1357),
+    ("lfu+untouched", 0.4): (616800, 39044, 1278),
+    ("fifo+untouched", 0.4): (925328, 19714, 1357),
+    ("belady+untouched", 0.4): (925328, 19714, 1357),
+    ("oracle+untouched", 0.4): (925328, 19714, 1357),
+    ("lpc+untouched", 0.4): (923488, 19829, 1354),
 }
 
 
-@pytest.fixture(scope="module")
-def trace():
+def regression_trace():
     rng = np.random.default_rng(7)
     headers = [rng.integers(0, 50_000, size=n).tolist() for n in (40, 90, 17)]
     conversations = []
@@ -60,6 +79,11 @@ def trace():
 
     config = TraceConfig(arrival_rate=2.0, mean_gap_s=60.0, max_concurrent=50, seed=3)
     return build_trace(conversations, encode, config)
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return regression_trace()
 
 
 def test_trace_is_the_recorded_one(trace):

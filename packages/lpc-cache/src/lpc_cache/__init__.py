@@ -4,7 +4,7 @@ ShareGPT traces."""
 
 from importlib import metadata as _metadata
 
-from lpc_cache.cache import Block, Lease, PrefixCache, block_hashes
+from lpc_cache.cache import Lease, Node, PrefixCache, block_hashes
 from lpc_cache.encoders import E5Encoder, HashingEncoder, SentenceEncoder, TextEncoder
 from lpc_cache.policies import (
     POLICIES,
@@ -59,7 +59,6 @@ __all__ = [
     "POLICIES",
     "Access",
     "BeladyPolicy",
-    "Block",
     "ContinuationPredictor",
     "E5Encoder",
     "EvictionPolicy",
@@ -69,6 +68,7 @@ __all__ = [
     "LPCPolicy",
     "LRUPolicy",
     "Lease",
+    "Node",
     "OraclePolicy",
     "PredictorConfig",
     "PrefixCache",

@@ -1,13 +1,15 @@
 """Eviction policies for :class:`~lpc_cache.cache.PrefixCache`.
 
-A policy sees three events on the blocks of a request's path: ``on_hit`` (cached blocks it
-reuses, at arrival), ``on_insert`` (blocks it stores) and ``on_finish`` (its whole path, when it
-ends), and gives every evictable block a ``priority``: the cache evicts the unpinned leaf with
-the smallest one. Priorities change only while a block is pinned, so a block's heap entry stays
-valid while it is evictable (the cache's lazy-invalidation heap relies on this). A priority is
-read only once the block is unpinned, i.e. after the ``on_finish`` of every request that held
-it, so a policy need not record in ``on_hit`` / ``on_insert`` what ``on_finish`` overwrites (LRU
-records nothing there: the replay's per-block work is its cost).
+A policy sees three events on the nodes (runs of blocks, :class:`~lpc_cache.cache.Node`) of a
+request's path: ``on_hit`` (cached nodes it reuses, at arrival), ``on_insert`` (nodes it stores or
+appends to its path) and ``on_finish`` (its whole path, when it ends), and gives every evictable
+block a ``priority``: the cache evicts the unpinned leaf with the smallest one. A request uses
+its nodes whole, so a policy keeps one state per node (Belady's next uses are per block). The
+priority of a node is that of its last block, the only one that can be a leaf. Priorities change
+only while a block is pinned, so a heap entry stays valid while its block is evictable (the
+cache's lazy-invalidation heap relies on this). A priority is read only once the block is
+unpinned, i.e. after the ``on_finish`` of every request that held it, so a policy need not
+record in ``on_hit`` / ``on_insert`` what ``on_finish`` overwrites (LRU records nothing there).
 
 * LRU (vLLM, SGLang): last access time.
 * LFU: access count, ties by last access.
@@ -28,15 +30,18 @@ records nothing there: the replay's per-block work is its cost).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from functools import partial
+from itertools import islice, takewhile
+from typing import NamedTuple
 
 _HUGE = 1e9  # logit of the Oracle's certain outcomes: dominates any scale·t of a real trace
 
 
-@dataclass(frozen=True)
-class Access:
-    """What a policy may know about the request using some blocks.
+class Access(NamedTuple):
+    """What a policy may know about the request using some blocks (an immutable record: a
+    replay makes one per request).
 
     Attributes:
         index: position of the request in its trace (order of arrival).
@@ -60,27 +65,38 @@ class EvictionPolicy:
     name = "lru"
     needs_next_use = False  # the replay computes Access.next_use only for a policy that reads it
 
-    def on_hit(self, blocks: list, access: Access, now: float) -> None:
-        """``blocks`` (cached) are reused by the request, at its arrival."""
+    def on_hit(self, nodes: list, access: Access, now: float) -> None:
+        """``nodes`` (cached, root first) are reused by the request, at its arrival."""
 
-    def on_insert(self, blocks: list, access: Access, now: float, start: int) -> None:
-        """``blocks`` were stored for the request (new ones have ``created = last_access = now``,
-        a reply's may have been cached already); they sit at ``start`` onward in its path."""
+    def on_insert(self, nodes: list, access: Access, now: float) -> None:
+        """``nodes`` were added to the request's path (a new one has ``created = last_access =
+        now``; a reply's leading nodes may have been cached already)."""
 
-    def on_finish(self, blocks: list, access: Access, now: float) -> None:
-        for block in blocks:
-            block.last_access = now
+    def on_finish(self, nodes: list, access: Access, now: float) -> None:
+        for node in nodes:
+            node.last_access = now
 
-    def priority(self, block) -> tuple:
-        """Smaller is evicted first (tuples of the same length for every block)."""
-        return (block.last_access, block.created)
+    def priority(self, node) -> tuple:
+        """Of the node's last block; smaller is evicted first (tuples of one length)."""
+        return (node.last_access, node.created)
+
+    def tail_run(self, node, top: tuple | None, limit: int) -> int:
+        """How many of the node's last blocks (``1 <= n <= limit``) the cache evicts in a row:
+        the last one, then each block before it while its priority is below ``top`` (the
+        smallest priority in the heap; ``None`` if it is empty). The blocks of a node share one
+        priority here; a policy whose priorities differ within a node overrides this."""
+        return limit if top is None or self.priority(node) < top else 1
+
+    def on_split(self, upper, lower) -> None:
+        """The cache cut a node in two: ``upper`` holds its first blocks, with a copy of its
+        state, and is the parent of ``lower`` (the same object as before, with the rest)."""
 
     def check(self, access: Access) -> None:
         """Raise ``ValueError`` if ``access`` lacks what this policy needs; the cache calls it
         when a request arrives, before anything changes."""
 
     def take_changed(self) -> list:
-        """Blocks whose priority changed while unpinned (in the last ``on_finish``): the cache
+        """Nodes whose priority changed while unpinned (in the last ``on_finish``): the cache
         re-files those that are evictable. Priorities of the policies here change only while a
         block is pinned, except :class:`UntouchedFirst`'s."""
         return []
@@ -98,11 +114,11 @@ class FIFOPolicy(EvictionPolicy):
 
     name = "fifo"
 
-    def on_finish(self, blocks: list, access: Access, now: float) -> None:
+    def on_finish(self, nodes: list, access: Access, now: float) -> None:
         pass  # the order is fixed at creation
 
-    def priority(self, block) -> tuple[float, float]:
-        return (block.created, 0.0)
+    def priority(self, node) -> tuple[float, float]:
+        return (node.created, 0.0)
 
 
 class LFUPolicy(EvictionPolicy):
@@ -110,15 +126,15 @@ class LFUPolicy(EvictionPolicy):
 
     name = "lfu"
 
-    def on_hit(self, blocks: list, access: Access, now: float) -> None:
-        for block in blocks:
-            block.count += 1
+    def on_hit(self, nodes: list, access: Access, now: float) -> None:
+        for node in nodes:
+            node.count += 1
 
-    def on_insert(self, blocks: list, access: Access, now: float, start: int) -> None:
-        self.on_hit(blocks, access, now)
+    def on_insert(self, nodes: list, access: Access, now: float) -> None:
+        self.on_hit(nodes, access, now)
 
-    def priority(self, block) -> tuple[float, float]:
-        return (float(block.count), block.last_access)
+    def priority(self, node) -> tuple[float, float]:
+        return (float(node.count), node.last_access)
 
 
 class BeladyPolicy(EvictionPolicy):
@@ -137,26 +153,40 @@ class BeladyPolicy(EvictionPolicy):
         if access.next_use is None:
             raise ValueError("the Belady policy needs Access.next_use (future knowledge)")
 
-    def _mark(self, blocks: list, access: Access, offset: int) -> None:
+    def _mark(self, nodes: list, access: Access) -> None:
         next_use = access.next_use
         if next_use is None:
             raise ValueError("the Belady policy needs Access.next_use (future knowledge)")
-        for i, block in enumerate(blocks, offset):
-            value = next_use[i] if i < len(next_use) else math.inf
-            if value > block.next_use:  # the latest information about this block wins
-                block.next_use = value
+        for node in nodes:  # node.next_use: per block, the latest information wins
+            lo = node.depth
+            size = len(node.keys)
+            values = next_use[lo : lo + size]
+            if type(values) is not list:
+                values = list(values)
+            if len(values) < size:  # blocks past the request's known uses
+                values += [math.inf] * (size - len(values))
+            old = node.next_use
+            if old is not None and max(old) > min(values):  # else the new values are the max
+                values = list(map(max, old, values))
+            node.next_use = values
 
-    def on_hit(self, blocks: list, access: Access, now: float) -> None:
-        self._mark(blocks, access, 0)
+    def on_finish(self, nodes: list, access: Access, now: float) -> None:
+        # a request's whole path (its hits, the blocks it stored) is marked here, before any of
+        # it can be evicted; taking the max is order-free, so marking at the hit as well would
+        # change nothing
+        self._mark(nodes, access)
 
-    def on_insert(self, blocks: list, access: Access, now: float, start: int) -> None:
-        self._mark(blocks, access, start)
+    def priority(self, node) -> tuple[float, float]:
+        return (-node.next_use[-1], node.created)
 
-    def on_finish(self, blocks: list, access: Access, now: float) -> None:
-        self._mark(blocks, access, 0)
-
-    def priority(self, block) -> tuple[float, float]:
-        return (-block.next_use, block.created)
+    def tail_run(self, node, top: tuple | None, limit: int) -> int:
+        if top is None:
+            return limit
+        # (-next_use, created) < top, block by block from the second last up: with ``created``
+        # shared by the node, a comparison of next_use with -top[0]
+        bound = -top[0]
+        beats = partial(operator.le if node.created < top[1] else operator.lt, bound)
+        return 1 + len(list(takewhile(beats, islice(reversed(node.next_use), 1, limit))))
 
 
 class LPCPolicy(EvictionPolicy):
@@ -188,26 +218,26 @@ class LPCPolicy(EvictionPolicy):
         p = min(max(p, self.epsilon), 1.0 - self.epsilon)
         return math.log(p / (1.0 - p))
 
-    def on_hit(self, blocks: list, access: Access, now: float) -> None:
-        for block in blocks:  # a hit removes the entry
-            block.score = -math.inf
+    def on_hit(self, nodes: list, access: Access, now: float) -> None:
+        for node in nodes:  # a hit removes the entry
+            node.score = -math.inf
 
-    def on_insert(self, blocks: list, access: Access, now: float, start: int) -> None:
-        self.on_hit(blocks, access, now)
+    def on_insert(self, nodes: list, access: Access, now: float) -> None:
+        self.on_hit(nodes, access, now)
 
-    def on_finish(self, blocks: list, access: Access, now: float) -> None:
+    def on_finish(self, nodes: list, access: Access, now: float) -> None:
         score = self.logit(access) + self.scale * now
-        for block in blocks:  # shared blocks keep the max over conversations
-            if score > block.score:
-                block.score = score
-            block.last_access = now
+        for node in nodes:  # shared blocks keep the max over conversations
+            if score > node.score:
+                node.score = score
+            node.last_access = now
 
-    def priority(self, block) -> tuple[float, float]:
-        return (block.score, block.last_access)
+    def priority(self, node) -> tuple[float, float]:
+        return (node.score, node.last_access)
 
-    def decayed_probability(self, block, now: float) -> float:
-        """The paper's ``p'`` of a block at time ``now`` (for inspection and tests)."""
-        z = block.score - self.scale * now
+    def decayed_probability(self, node, now: float) -> float:
+        """The paper's ``p'`` of a node's blocks at time ``now`` (for inspection and tests)."""
+        z = node.score - self.scale * now
         return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
 
     def __repr__(self) -> str:
@@ -253,7 +283,7 @@ class UntouchedFirst(EvictionPolicy):
         self.name = f"{base.name}+untouched"
         self.needs_next_use = base.needs_next_use
         self._latest: dict[str, int] = {}  # conversation -> stamp of its latest finished turn
-        self._path: dict[str, list] = {}  # conversation -> blocks that turn finished with
+        self._path: dict[str, list] = {}  # conversation -> nodes that turn finished with
         self._stamp = 0
         self._changed: list = []
 
@@ -262,37 +292,54 @@ class UntouchedFirst(EvictionPolicy):
             raise ValueError("the untouched-first rule needs Access.conversation")
         self.base.check(access)
 
-    def on_hit(self, blocks: list, access: Access, now: float) -> None:
-        self.base.on_hit(blocks, access, now)
+    def on_hit(self, nodes: list, access: Access, now: float) -> None:
+        self.base.on_hit(nodes, access, now)
 
-    def on_insert(self, blocks: list, access: Access, now: float, start: int) -> None:
-        self.base.on_insert(blocks, access, now, start)
+    def on_insert(self, nodes: list, access: Access, now: float) -> None:
+        self.base.on_insert(nodes, access, now)
 
-    def on_finish(self, blocks: list, access: Access, now: float) -> None:
-        self.base.on_finish(blocks, access, now)
+    def on_finish(self, nodes: list, access: Access, now: float) -> None:
+        self.base.on_finish(nodes, access, now)
         conversation = access.conversation  # present: check() ran when the request arrived
         self._stamp += 1
         stamp = self._stamp
         self._latest[conversation] = stamp
-        for block in blocks:
-            block.owner = conversation
-            block.stamp = stamp
-        # the previous turn's blocks this one did not touch move to the first tier (blocks
+        for node in nodes:
+            node.owner = conversation
+            node.stamp = stamp
+        # the previous turn's nodes this one did not touch move to the first tier (nodes
         # evicted since then were reset, or, if reused, stamped by this very turn)
-        for block in self._path.get(conversation, ()):
-            if block.owner == conversation and block.stamp != stamp:
-                self._changed.append(block)
+        for node in self._path.get(conversation, ()):
+            if node.owner == conversation and node.stamp != stamp:
+                self._changed.append(node)
         if access.continues is False:  # its last turn: no later turn will leave blocks behind
             self._path.pop(conversation, None)
         else:
-            self._path[conversation] = list(blocks)
+            self._path[conversation] = list(nodes)
 
-    def untouched(self, block) -> bool:
-        """The block's conversation finished a turn since, without it."""
-        return block.owner is not None and self._latest[block.owner] != block.stamp
+    def on_split(self, upper, lower) -> None:
+        self.base.on_split(upper, lower)
+        # a node its owner's latest turn finished with is on that turn's path: so is its top
+        owner = lower.owner
+        if owner is not None and lower.stamp == self._latest[owner]:
+            path = self._path.get(owner)
+            if path is not None:
+                path.insert(path.index(lower), upper)
 
-    def priority(self, block) -> tuple:
-        return (0 if self.untouched(block) else 1, *self.base.priority(block))
+    def untouched(self, node) -> bool:
+        """The node's conversation finished a turn since, without it."""
+        return node.owner is not None and self._latest[node.owner] != node.stamp
+
+    def priority(self, node) -> tuple:
+        return (0 if self.untouched(node) else 1, *self.base.priority(node))
+
+    def tail_run(self, node, top: tuple | None, limit: int) -> int:
+        if top is None:
+            return limit
+        tier = 0 if self.untouched(node) else 1  # one tier for the whole node
+        if tier != top[0]:
+            return limit if tier < top[0] else 1
+        return self.base.tail_run(node, top[1:], limit)
 
     def take_changed(self) -> list:
         changed, self._changed = self._changed, []

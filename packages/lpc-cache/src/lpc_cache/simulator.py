@@ -82,11 +82,14 @@ class SimulationResult:
 
 @dataclass(frozen=True)
 class PreparedTrace:
-    """Per-request block hashes of a trace for one block size.
+    """Per-request block names of a trace for one block size.
 
-    ``prompt[i]``: hashes of request i's prompt blocks; ``sequence[i]``: of its prompt + reply
+    ``prompt[i]``: names of request i's prompt blocks; ``sequence[i]``: of its prompt + reply
     blocks. The reply's tokens are those the conversation's next request shows after this prompt
-    (when it extends it); otherwise they get private hashes (stored, never reused).
+    (when it extends it); otherwise they get private names (stored, never reused). A block's
+    name is the number of distinct blocks seen before it in the trace (its chained hash, see
+    :func:`~lpc_cache.cache.block_hashes`, numbered in order of first appearance): equal names
+    are equal prefixes, and small ints are cheaper for the cache to index than 64-bit hashes.
     """
 
     block_size: int
@@ -120,7 +123,7 @@ class PreparedTrace:
 
 
 def prepare(trace: Trace, block_size: int = 16) -> PreparedTrace:
-    """Hash every request's blocks once (cached on the trace per block size). Consecutive turns
+    """Name every request's blocks once (cached on the trace per block size). Consecutive turns
     of a conversation share hashes: the cost is linear in the conversations' tokens."""
     if block_size in trace.prepared:
         return trace.prepared[block_size]
@@ -164,6 +167,13 @@ def prepare(trace: Trace, block_size: int = 16) -> PreparedTrace:
             for b in range(total - len(hashes))
         ]
         sequences.append(hashes + extra)
+    names: dict[int, int] = {}
+
+    def number(hashes: list) -> list:
+        return [names.setdefault(h, len(names)) for h in hashes]
+
+    prompts = [number(hashes) for hashes in prompts]
+    sequences = [number(hashes) for hashes in sequences]
     prepared = PreparedTrace(
         block_size, prompts, sequences, [not r.last_turn for r in trace.requests]
     )
