@@ -240,3 +240,22 @@ def test_untouched_first_needs_the_conversation():
         make_policy("lru+newest")
     with pytest.raises(TypeError, match="base"):
         UntouchedFirst(policy)
+
+
+@pytest.mark.parametrize(
+    ("next_use", "message"),
+    [
+        (None, "needs Access.next_use"),
+        ([0.0, -2.0], "numbers >= 0"),  # a block's next use is a trace position
+        ([1.0, None], "numbers >= 0"),
+        (["soon", "later"], "numbers >= 0"),
+    ],
+)
+def test_belady_refuses_next_uses_that_are_not_trace_positions(next_use, message):
+    cache = PrefixCache(8, block_size=1, policy="belady")
+    with pytest.raises(ValueError, match=message):  # refused on arrival, nothing stored
+        cache.acquire_hashes(block_hashes([1, 2], 1), 0.0, Access(0, next_use=next_use))
+    assert len(cache) == 0
+    lease = cache.acquire_hashes(block_hashes([1, 2], 1), 0.0, Access(0, next_use=(3, math.inf)))
+    cache.release(lease, 1.0)  # ints, tuples and inf are fine
+    assert cache.nodes()[0].next_use == [3, math.inf]

@@ -53,11 +53,12 @@ class Node:
     """A run of cached blocks: ``keys`` are their names, at path positions ``depth`` onward.
 
     Every block of a node but the last has one child, the next block, and no pin; the blocks
-    share the policy's state (``created`` ... ``stamp``), since every request uses a node whole:
-    a request whose path ends inside a node splits it first. Only ``next_use`` (Belady) is per
-    block. ``children`` counts the child nodes of the last block, and ``pins`` the running
-    requests whose path ends there. A pin holds the whole path: every other block of it has a
-    child on the path, and only leaves are evicted. A request therefore pins one node, its tip.
+    share the policy's state (``created``, ``last_access``, ``count``, ``score``, ``owner``,
+    ``stamp``), since every request uses a node whole: a request whose path ends inside a node
+    splits it first. Only ``next_use`` (Belady) is per block. ``children`` counts the child
+    nodes of the last block, and ``pins`` the running requests whose path ends there. A pin
+    holds the whole path: every other block of it has a child on the path, and only leaves are
+    evicted. A request therefore pins one node, its tip.
     """
 
     __slots__ = (
@@ -272,7 +273,6 @@ class PrefixCache:
             upper.next_use = node.next_use[:k]
             del node.next_use[:k]
         self.blocks.update(zip(upper.keys, repeat(upper)))
-        self.policy.on_split(upper, node)
         return upper
 
     def _new_node(self, keys: list, depth: int, parent: Node | None, created: float) -> Node:

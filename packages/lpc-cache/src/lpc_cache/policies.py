@@ -30,6 +30,7 @@ record in ``on_hit`` / ``on_insert`` what ``on_finish`` overwrites (LRU records 
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from collections.abc import Sequence
 from functools import partial
@@ -86,10 +87,6 @@ class EvictionPolicy:
         smallest priority in the heap; ``None`` if it is empty). The blocks of a node share one
         priority here; a policy whose priorities differ within a node overrides this."""
         return limit if top is None or self.priority(node) < top else 1
-
-    def on_split(self, upper, lower) -> None:
-        """The cache cut a node in two: ``upper`` holds its first blocks, with a copy of its
-        state, and is the parent of ``lower`` (the same object as before, with the rest)."""
 
     def check(self, access: Access) -> None:
         """Raise ``ValueError`` if ``access`` lacks what this policy needs; the cache calls it
@@ -150,8 +147,15 @@ class BeladyPolicy(EvictionPolicy):
     needs_next_use = True
 
     def check(self, access: Access) -> None:
-        if access.next_use is None:
+        next_use = access.next_use
+        if next_use is None:
             raise ValueError("the Belady policy needs Access.next_use (future knowledge)")
+        try:
+            low = min(next_use, default=0.0)
+        except TypeError:
+            low = None
+        if not (isinstance(low, numbers.Real) and low >= 0):
+            raise ValueError("Access.next_use must hold trace positions: numbers >= 0 (or inf)")
 
     def _mark(self, nodes: list, access: Access) -> None:
         next_use = access.next_use
@@ -308,7 +312,9 @@ class UntouchedFirst(EvictionPolicy):
             node.owner = conversation
             node.stamp = stamp
         # the previous turn's nodes this one did not touch move to the first tier (nodes
-        # evicted since then were reset, or, if reused, stamped by this very turn)
+        # evicted since then were reset, or, if reused, stamped by this very turn; a node cut
+        # off one of them since is held by the request that cut it, until that request's finish
+        # stamps it, so it never needs re-filing from this list)
         for node in self._path.get(conversation, ()):
             if node.owner == conversation and node.stamp != stamp:
                 self._changed.append(node)
@@ -317,21 +323,14 @@ class UntouchedFirst(EvictionPolicy):
         else:
             self._path[conversation] = list(nodes)
 
-    def on_split(self, upper, lower) -> None:
-        self.base.on_split(upper, lower)
-        # a node its owner's latest turn finished with is on that turn's path: so is its top
-        owner = lower.owner
-        if owner is not None and lower.stamp == self._latest[owner]:
-            path = self._path.get(owner)
-            if path is not None:
-                path.insert(path.index(lower), upper)
-
     def untouched(self, node) -> bool:
         """The node's conversation finished a turn since, without it."""
         return node.owner is not None and self._latest[node.owner] != node.stamp
 
     def priority(self, node) -> tuple:
-        return (0 if self.untouched(node) else 1, *self.base.priority(node))
+        owner = node.owner  # untouched(node), inline: called at every push
+        tier = 0 if owner is not None and self._latest[owner] != node.stamp else 1
+        return (tier, *self.base.priority(node))
 
     def tail_run(self, node, top: tuple | None, limit: int) -> int:
         if top is None:

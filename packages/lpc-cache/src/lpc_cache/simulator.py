@@ -86,10 +86,10 @@ class PreparedTrace:
 
     ``prompt[i]``: names of request i's prompt blocks; ``sequence[i]``: of its prompt + reply
     blocks. The reply's tokens are those the conversation's next request shows after this prompt
-    (when it extends it); otherwise they get private names (stored, never reused). A block's
-    name is the number of distinct blocks seen before it in the trace (its chained hash, see
-    :func:`~lpc_cache.cache.block_hashes`, numbered in order of first appearance): equal names
-    are equal prefixes, and small ints are cheaper for the cache to index than 64-bit hashes.
+    (when it extends it); otherwise they get private names (stored, never reused). Blocks are
+    named by small ints, cheaper for the cache to index than their 64-bit chained hashes (see
+    :func:`~lpc_cache.cache.block_hashes`): the distinct hashes numbered in order of first
+    appearance, the prompts' first, then the replies'. Equal names are equal prefixes.
     """
 
     block_size: int
