@@ -379,7 +379,9 @@ class PrefixCache:
                 keys = node.keys
                 size = len(keys)
                 # the last block; then the blocks before it while they beat ``top``
-                limit = min(size, count - done)
+                limit = count - done
+                if size < limit:
+                    limit = size
                 take = tail_run(node, top, limit) if limit > 1 else 1
                 done += take
                 node.version += 1

@@ -158,17 +158,17 @@ class BeladyPolicy(EvictionPolicy):
             raise ValueError("Access.next_use must hold trace positions: numbers >= 0 (or inf)")
 
     def _mark(self, nodes: list, access: Access) -> None:
-        next_use = access.next_use
-        if next_use is None:
-            raise ValueError("the Belady policy needs Access.next_use (future knowledge)")
+        """Each block's next use becomes the max of what it had and what ``access`` knows."""
+        if not nodes:
+            return
+        next_use = access.next_use  # checked on arrival
+        tip = nodes[-1]
+        end = tip.depth + len(tip.keys)
+        if type(next_use) is not list or len(next_use) < end:  # inf past the request's uses
+            next_use = list(next_use) + [math.inf] * (end - len(next_use))
         for node in nodes:  # node.next_use: per block, the latest information wins
             lo = node.depth
-            size = len(node.keys)
-            values = next_use[lo : lo + size]
-            if type(values) is not list:
-                values = list(values)
-            if len(values) < size:  # blocks past the request's known uses
-                values += [math.inf] * (size - len(values))
+            values = next_use[lo : lo + len(node.keys)]
             old = node.next_use
             if old is not None and max(old) > min(values):  # else the new values are the max
                 values = list(map(max, old, values))
