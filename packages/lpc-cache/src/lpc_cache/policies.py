@@ -188,9 +188,15 @@ class BeladyPolicy(EvictionPolicy):
             return limit
         # (-next_use, created) < top, block by block from the second last up: with ``created``
         # shared by the node, a comparison of next_use with -top[0]
+        next_use = node.next_use
         bound = -top[0]
-        beats = partial(operator.le if node.created < top[1] else operator.lt, bound)
-        return 1 + len(list(takewhile(beats, islice(reversed(node.next_use), 1, limit))))
+        tie_wins = node.created < top[1]
+        last = len(next_use) - 1
+        low = min(next_use[last - limit + 1 : last], default=math.inf)
+        if low > bound or (tie_wins and low == bound):  # all of them (the usual case)
+            return limit
+        beats = partial(operator.le if tie_wins else operator.lt, bound)
+        return 1 + len(list(takewhile(beats, islice(reversed(next_use), 1, limit))))
 
 
 class LPCPolicy(EvictionPolicy):
@@ -311,10 +317,10 @@ class UntouchedFirst(EvictionPolicy):
         for node in nodes:
             node.owner = conversation
             node.stamp = stamp
-        # the previous turn's nodes this one did not touch move to the first tier (nodes
-        # evicted since then were reset, or, if reused, stamped by this very turn; a node cut
-        # off one of them since is held by the request that cut it, until that request's finish
-        # stamps it, so it never needs re-filing from this list)
+        # the previous turn's nodes this one did not touch move to the first tier (the cache
+        # skips nodes evicted since; a reused one was reset, or stamped by this very turn; a
+        # node cut off one of them since is held by the request that cut it until that
+        # request's finish stamps it, so it never needs re-filing from this list)
         for node in self._path.get(conversation, ()):
             if node.owner == conversation and node.stamp != stamp:
                 self._changed.append(node)
