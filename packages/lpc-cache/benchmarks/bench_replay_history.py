@@ -5,7 +5,7 @@ conversations, a tight and a roomy cache) for each policy, alternating old and n
 CPU time, and every result (hits, evictions, TTFT percentiles) must be identical. The earlier
 source is taken from git (``git archive``) and imported under another name.
 
-python packages/lpc-cache/benchmarks/bench_replay_history.py --baseline 61d093d --rounds 5
+python packages/lpc-cache/benchmarks/bench_replay_history.py --out reports/bench/lpc-cache
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib
+import json
 import re
 import statistics
 import subprocess
@@ -23,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels_common.bench import hardware_description
+from kernels_common.cli import atomic_folder
 from lpc_cache.benchmark import CAPACITY_FRACTIONS
 from lpc_cache.simulator import prepare, simulate
 from lpc_cache.trace import TraceConfig, sharegpt_trace
@@ -51,25 +54,38 @@ def import_baseline(revision: str, folder: Path):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", required=True, help="git revision to compare with")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cpu only")
+    parser.add_argument("--out", default=None, help="folder for bench_replay_history.json/.md")
+    parser.add_argument(
+        "--baseline",
+        default="61d093d",
+        help="git revision to compare with (default: the last one storing one object per block)",
+    )
     parser.add_argument("--rounds", type=int, default=5, help="old/new pairs per setting")
     parser.add_argument("--policies", default="lru,lfu,fifo,belady,oracle,lpc")
     parser.add_argument("--conversations", type=int, default=2000)
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.device != "cpu":
+        print("the replay runs on the CPU: nothing to measure with --device cuda")
+        return
 
     trace = sharegpt_trace(args.conversations, TraceConfig(seed=0))
     footprint = prepare(trace).footprint_blocks * 16
     probabilities = np.random.default_rng(0).uniform(0.2, 0.9, len(trace))
+    rows = []
     with tempfile.TemporaryDirectory() as folder:
-        old = import_baseline(args.baseline, Path(folder))
+        try:
+            old = import_baseline(args.baseline, Path(folder))
+        except subprocess.CalledProcessError as error:
+            raise SystemExit(
+                f"cannot read revision {args.baseline!r} from the git checkout at {ROOT}: "
+                f"{error.stderr.decode(errors='replace').strip()}"
+            ) from None
         old_trace = copy.copy(trace)  # each version prepares (hashes) its own copy
         old_trace.prepared = {}
         old.prepare(old_trace)
-        print(f"{len(trace)} requests, CPU seconds per replay, median of {args.rounds} pairs")
-        print("| policy | capacity | baseline req/s | this req/s | speed-up | pairs |")
-        print("|---|---:|---:|---:|---:|---|")
         for fraction in CAPACITY_FRACTIONS:
             capacity = int(fraction * footprint)
             for name in args.policies.split(","):
@@ -90,12 +106,38 @@ def main() -> None:
                         raise SystemExit(f"{name} at {capacity}: results differ: {results}")
                 before, after = statistics.median(times["old"]), statistics.median(times["new"])
                 ratios = sorted(a / b for a, b in zip(times["old"], times["new"], strict=True))
-                pairs = " ".join(f"{r:.2f}" for r in ratios)
-                print(
-                    f"| {name} | {capacity:,} | {len(trace) / before:,.0f} | "
-                    f"{len(trace) / after:,.0f} | {before / after:.2f}x | {pairs} |",
-                    flush=True,
+                rows.append(
+                    {
+                        "policy": name,
+                        "capacity_tokens": capacity,
+                        "baseline_requests_per_cpu_s": len(trace) / before,
+                        "requests_per_cpu_s": len(trace) / after,
+                        "speedup": before / after,
+                        "pair_speedups": ratios,
+                    }
                 )
+                print(f"{name} at {capacity:,} tokens: {before / after:.2f}x", flush=True)
+    lines = [
+        f"{hardware_description('cpu')}, one thread; {len(trace)} requests; baseline "
+        f"{args.baseline}; CPU time per replay, median of {args.rounds} alternating pairs; "
+        "results identical",
+        "",
+        "| policy | capacity | baseline req/s | this req/s | speed-up | pairs |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        pairs = " ".join(f"{r:.2f}" for r in row["pair_speedups"])
+        lines.append(
+            f"| {row['policy']} | {row['capacity_tokens']:,} | "
+            f"{row['baseline_requests_per_cpu_s']:,.0f} | {row['requests_per_cpu_s']:,.0f} | "
+            f"{row['speedup']:.2f}x | {pairs} |"
+        )
+    markdown = "\n".join(lines) + "\n"
+    print(markdown)
+    if out := args.out:  # both files appear together or not at all
+        with atomic_folder(out) as folder:
+            (folder / "bench_replay_history.json").write_text(json.dumps(rows, indent=2) + "\n")
+            (folder / "bench_replay_history.md").write_text(markdown)
 
 
 if __name__ == "__main__":
