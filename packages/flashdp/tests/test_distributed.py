@@ -316,7 +316,7 @@ def test_readme_torchrun_example(tmp_path):
     # `<rank> <epsilon>` lines; some torch releases' gloo also prints its connections to stdout
     lines = [line for line in stdout.splitlines() if re.fullmatch(r"\d+ \S+", line)]
     printed = sorted(line.split() for line in lines)
-    assert [rank for rank, _ in printed] == ["0", "1"]
+    assert [rank for rank, _ in printed] == ["0", "1"], f"stdout was:\n{stdout[-3000:]}"
     assert printed[0][1] == printed[1][1]
     assert 0 < float(printed[0][1]) < math.inf
 

@@ -1,10 +1,13 @@
 """Replays of a fixed synthetic trace give exactly the hit counts they gave before the cache's
-speed work (tip-only pins, recycled blocks, hooks that record only what a priority reads).
+speed work (tip-only pins, recycled objects, hooks that record only what a priority reads,
+blocks stored in runs).
 
 The expected numbers were recorded with the cache as it was before that work (one pin per path
-block, a new Block per stored block, a version bump on every pin). The trace mixes shared
-system headers, 1-6 turns per conversation, overlapping requests (50 concurrent conversations)
-and stored replies; the capacities span heavy eviction to almost none, for every policy.
+block, a new Block object per stored block, a version bump on every pin); those of the
+untouched-first rule, added later, with one Block object per block and tip-only pins. The
+trace mixes shared system headers, 1-6 turns per conversation, overlapping requests (50
+concurrent conversations) and stored replies; the capacities span heavy eviction to almost
+none, for every policy.
 """
 
 from __future__ import annotations
