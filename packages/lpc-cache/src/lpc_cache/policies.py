@@ -162,8 +162,7 @@ class BeladyPolicy(EvictionPolicy):
         if not nodes:
             return
         next_use = access.next_use  # checked on arrival
-        tip = nodes[-1]
-        end = tip.depth + len(tip.keys)
+        end = nodes[-1].end  # the path's length in blocks
         if type(next_use) is not list or len(next_use) < end:  # inf past the request's uses
             next_use = list(next_use) + [math.inf] * (end - len(next_use))
         for node in nodes:  # node.next_use: per block, the latest information wins
