@@ -206,6 +206,16 @@ CASES = [
          expect="ck/config.json", why="a truncated checkpoint config"),
     Case("multibit-quant", ["export", "--out", "model.bin", "--checkpoint", "ck"],
          expect="model.bin", why="an export that is not a .safetensors file"),
+    # cads
+    Case("cads", ["select", "--budget", "0", "--out", "sel"], expect="'0'",
+         why="a compute budget of zero steps"),
+    Case("cads", ["select", "--budget", "100", "--out", "f"], files={"f": "x"}, expect="f",
+         why="the selection folder is a file"),
+    Case("cads", ["compare", "--methods", "cads-e,oracle"], expect="oracle",
+         why="an unknown selection method"),
+    Case("cads", ["select", "--budget", "100", "--samples", "1", "--out", "sel"],
+         expect="samples >= 2", why="one draw per step cannot take a leave-one-out baseline"),
+    Case("cads", ["compare", "--budgets", "100,-3"], expect="100,-3", why="a negative budget"),
 ]  # fmt: skip
 
 
