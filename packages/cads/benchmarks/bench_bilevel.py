@@ -11,7 +11,7 @@ them. CADS-E's time includes fitting its loss surrogate. The paper reports 3-20x
 the budget, at its K = 5 draws and M = 100 outer steps (the defaults here). Bilevel-CADS costs
 about K·M·C steps, CADS-E F·C (F surrogate runs) plus M passes over the pool, so the ratio grows
 with the budget towards K·M/F; implicit differentiation costs M·C steps plus its
-inverse-Hessian products, a ratio that tends to M/F. About 6 minutes on 2 CPU cores.
+inverse-Hessian products, a ratio that tends to M/F. About 10 minutes on 2 CPU cores.
 """
 
 from __future__ import annotations

@@ -53,9 +53,8 @@ def test_exactly_the_budget_whatever_the_subset(subset_size, steps, batch):
         classification_loss,
         InnerConfig(batch_size=batch),
     )
-    # one forward more than the steps: the FLOP count of the first batch (logged for every run)
-    assert log.steps == len(model.seen) - 1 == steps
-    assert log.flops == steps * 4 * batch * 5 * 3
+    assert log.steps == len(model.seen) == steps
+    assert log.flops is None  # a step budget counts FLOPs only when asked (flops_per_step)
     assert all(len(b) == batch for b in model.seen)  # every step costs the same
     seen = torch.cat(model.seen).long()
     assert set(seen.tolist()) <= set(subset.tolist())  # nothing outside the selection
@@ -85,9 +84,21 @@ def test_flop_budget_spends_whole_steps_never_more():
     log = train_under_budget(
         model, x, y, torch.arange(40), budget, classification_loss, InnerConfig(batch_size=8)
     )
-    assert log.steps == len(model.seen) - 1 == 10  # one more forward: the FLOP count itself
+    assert log.steps == len(model.seen) == 10  # the FLOPs were counted on a copy
     assert log.flops == 10 * per_step <= budget.amount
     assert log.budget_left == pytest.approx(0.5 * per_step)
+
+
+def test_counting_flops_leaves_the_model_and_the_random_state_alone():
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.BatchNorm1d(8),
+                                torch.nn.Dropout(0.5), torch.nn.Linear(8, 3))  # fmt: skip
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x, y = pool()
+    state = torch.random.get_rng_state()
+    assert count_step_flops(model, classification_loss, x[:8], y[:8]) > 0
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
 
 
 def test_empty_selection_trains_nothing():

@@ -95,6 +95,9 @@ def test_cli_compare_writes_rows(tmp_path, capsys):
         ("full", 8.0),
     ]
     assert json.loads(capsys.readouterr().out) == rows
+    for row in rows:  # the examples per source add up to the selection
+        assert sum(row["composition"]) == row["size"]
+    assert rows[1]["composition"] == [24, 24]  # the full pool
 
 
 @pytest.mark.parametrize(

@@ -99,6 +99,19 @@ def test_batch_estimate_of_the_squared_gap_is_unbiased():
     assert naive.mean(0)[0] - exact[0] > 10 * standard_error[0]  # the bias the halves remove
 
 
+def test_small_draws_get_their_exact_gap_and_count():
+    """With a pool batch of 2, most draws have no member in one half: each non-empty draw is
+    still used (its exact gap from all its members), so every step updates s."""
+    task = cads.toy_task(per_source=16)
+    config = SelectConfig(outer_steps=4, samples=3, pool_batch=2)
+    inner = cads.InnerConfig(batch_size=4)
+    selection = cads.select(task, 3, "cads-e", config=config, inner=inner, progress=False)
+    assert [row["draws_used"] for row in selection.trace] == [3, 3, 3, 3]
+    assert all(row["grad_norm"] is not None for row in selection.trace)
+    with pytest.raises(ValueError, match="pool_batch must be at least 2"):
+        SelectConfig(pool_batch=1)
+
+
 def test_planted_noise_cads_s_lowers_the_noisy_source():
     task = cads.toy_task(per_source=64, seed=0)
     inner = cads.InnerConfig(batch_size=16, lr=0.05)

@@ -49,6 +49,19 @@ def test_matches_brute_force(seed, bounds):
     torch.testing.assert_close(project_budget(v, size, w, bounds), expected, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("bounds", [(0.0, 1.0), (0.1, 0.9)])
+def test_the_corners_of_the_box(bounds):
+    a, b = bounds
+    w = torch.tensor([0.7, 1.3, 2.1], dtype=torch.float64)
+    v = torch.tensor([0.2, -3.0, 5.0], dtype=torch.float64)
+    top = project_budget(v, b * float(w.sum()), w, bounds)
+    assert (top == b).all()
+    # within rounding of the corner: still accepted, still the corner
+    assert (project_budget(v, b * float(w.sum()) * (1 + 1e-15), w, bounds) == b).all()
+    if a > 0:
+        assert (project_budget(v, a * float(w.sum()), w, bounds) == a).all()
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.floats(-5, 5), min_size=1, max_size=30),

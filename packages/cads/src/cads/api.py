@@ -7,6 +7,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+import torch
+
 from cads.baselines import BASELINE_METHODS, run_baseline
 from cads.bilevel import run_bilevel, run_implicit
 from cads.budget import ComputeBudget, InnerConfig, as_budget
@@ -83,6 +85,14 @@ def select(
     raise ValueError(f"unknown method {method!r}; known: {METHODS}")
 
 
+def _source_means(task: SelectionTask, selection: Selection) -> list[float] | None:
+    if selection.level != "example":
+        return None
+    sums = torch.zeros(len(task.source_names), dtype=torch.float64)
+    sums.index_add_(0, task.sources, selection.probabilities)
+    return (sums / task.source_sizes()).tolist()
+
+
 def compare(
     task: SelectionTask,
     budgets: Sequence[ComputeBudget | int],
@@ -95,7 +105,9 @@ def compare(
     progress: bool | None = None,
 ) -> list[dict]:
     """Every method at every budget: one row per pair with the selection's size, selection
-    time and the metrics of a fresh model trained on it (validation and test). CADS-E and
+    time, its examples per source (``composition``; ``mean_probability`` per source for the
+    example-level methods) and the metrics of a fresh model trained on it (validation and
+    test). CADS-E and
     CADS-S share one fitted surrogate per budget; their ``seconds`` leave its fit out (it is
     in the row's ``surrogate_seconds``)."""
     from cads.surrogate import fit_loss_surrogate
@@ -144,6 +156,11 @@ def compare(
                     "probabilities": selection.probabilities.tolist()
                     if selection.level == "source"
                     else None,
+                    # selected examples per source, and (example level) the mean probability
+                    "composition": torch.bincount(
+                        task.sources[selection.indices], minlength=len(task.source_names)
+                    ).tolist(),
+                    "mean_probability": _source_means(task, selection),
                 }
             )
     return rows

@@ -11,8 +11,11 @@ accounting assumes 0.2 C for the early training these scores need):
   (Paul et al., 2021); the highest are kept.
 * ``forgetting``: forgetting events during the scoring run, counted each time an example is in
   a batch: a correct → incorrect flip of its prediction (Toneva et al., 2019); examples never
-  classified correctly count as the most forgotten; the highest are kept. The run lasts at
-  least two passes over the pool, so that every example is seen twice and can flip.
+  classified correctly count as the most forgotten; the highest are kept. Each run lasts at
+  least two passes over the pool (beyond the fifth of the budget when the pool is large), so
+  that every example is seen twice and can flip; counts are averaged over runs.
+
+Every scoring run trains with the inner configuration's optimizer and schedule.
 
 Ties between equal scores are broken in a seeded random order, never by position in the pool.
 
@@ -31,7 +34,8 @@ from cads.budget import (
     ComputeBudget,
     InnerConfig,
     batch_stream,
-    count_step_flops,
+    first_batch_flops,
+    make_optimizer,
     train_under_budget,
 )
 from cads.selection import Selection
@@ -89,27 +93,30 @@ def _el2n(model: torch.nn.Module, task: SelectionTask) -> torch.Tensor:
 def _forgetting(task, budget, inner, seed) -> torch.Tensor:
     """Train on the whole pool, recording each presented example's correctness."""
     model = task.model_fn(seed)
-    generator = torch.Generator().manual_seed(seed + 1)
+    everything = torch.arange(len(task))
     flops = None
     if budget.unit == "flops":  # one step's FLOPs, counted on the first batch
-        first = torch.arange(inner.batch_size) % len(task)
-        flops = count_step_flops(model, task.loss_fn, task.inputs[first], task.targets[first])
+        flops = first_batch_flops(model, task.loss_fn, task.inputs, task.targets, everything,
+                                  inner.batch_size)  # fmt: skip
     steps = max(budget.steps(flops), -(-2 * len(task) // inner.batch_size))  # two passes at least
-    optimizer = torch.optim.Adam(model.parameters(), lr=inner.lr)
+    optimizer, schedule = make_optimizer(model, inner, steps)
     device = _device(model)
+    generator = torch.Generator().manual_seed(seed + 1)
     last = torch.zeros(len(task), dtype=torch.bool)
     learned = torch.zeros(len(task), dtype=torch.bool)
     events = torch.zeros(len(task))
-    for batch in batch_stream(torch.arange(len(task)), inner.batch_size, steps, generator):
+    for batch in batch_stream(everything, inner.batch_size, steps, generator):
         x, y = task.inputs[batch].to(device), task.targets[batch].to(device)
         logits = model(x)
         correct = (logits.argmax(-1) == y).cpu()
         events.index_add_(0, batch, (last[batch] & ~correct).float())
         last[batch], learned[batch] = correct, learned[batch] | correct
-        loss = F.cross_entropy(logits, y)
+        loss = F.cross_entropy(logits, y)  # the task's loss: forgetting needs a classifier
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        if schedule is not None:
+            schedule.step()
     events[~learned] = events.max() + 1
     return events
 
@@ -129,10 +136,11 @@ def score_examples(
     if score in ("el2n", "forgetting") and task.metric != "accuracy":
         raise ValueError(f"{score} scores need a classification task (targets (N,))")
     early = _score_budget(budget)
-    if score == "forgetting":
-        return _forgetting(task, early, inner, seed)
     runs = []
     for run in range(score_models):
+        if score == "forgetting":
+            runs.append(_forgetting(task, early, inner, seed + run))
+            continue
         model = task.model_fn(seed + run)
         train_under_budget(
             model,
@@ -205,6 +213,7 @@ def run_baseline(
     elif method == "best-source":
         indices, losses = _best_source(task, budget, inner, seed)
         settings["source_val_loss"] = dict(zip(task.source_names, losses, strict=True))
+        settings["source"] = task.source_names[int(task.sources[indices[0]])]
     else:
         scores = score_examples(task, method, budget, inner, score_models=score_models, seed=seed)
         if not torch.isfinite(scores).all():

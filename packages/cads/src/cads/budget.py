@@ -5,13 +5,15 @@ subset always spends the whole budget, whatever the subset's size: batches are c
 of shuffled passes over the subset (a small subset is seen many times, a large one partly), every
 batch has ``batch_size`` examples, so every step costs the same and the same budget means the same
 cost. A FLOP budget is spent in whole steps: ``⌊C / flops_per_step⌋`` of them, the step's FLOPs
-counted once by :class:`torch.utils.flop_counter.FlopCounterMode` (forward and backward, on the
-first batch; that counting pass is not charged to the budget); what a step would overrun is left
-unspent and logged. Every run logs both units: its steps and the FLOPs they cost.
+counted once by :class:`torch.utils.flop_counter.FlopCounterMode` (forward and backward, on a
+copy of the model and the first batch; not charged to the budget); what a step would overrun is
+left unspent and logged. A step budget logs its FLOPs when the caller passes ``flops_per_step``
+(:func:`cads.evaluate_selection` does, for the run it reports).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -120,13 +122,14 @@ class InnerConfig:
 @dataclass(frozen=True)
 class InnerLog:
     """What one inner run spent: ``steps`` optimizer steps of ``batch_size`` examples,
-    ``flops`` (``steps × flops_per_step``), ``budget_left`` (FLOPs a whole step
+    ``flops`` (``steps × flops_per_step`` when known: a FLOP budget, or ``flops_per_step``
+    passed in; ``None`` otherwise), ``budget_left`` (FLOPs a whole step
     would overrun; 0 for a step budget), ``passes`` over the subset, the last batch's loss."""
 
     steps: int
     batch_size: int
     subset_size: int
-    flops: float
+    flops: float | None
     budget_left: float
     passes: float
     final_loss: float
@@ -135,14 +138,35 @@ class InnerLog:
 def count_step_flops(
     model: torch.nn.Module, loss_fn: LossFn, inputs: torch.Tensor, targets: torch.Tensor
 ) -> float:
-    """FLOPs of one training step's forward and backward on this batch (counted, not timed)."""
+    """FLOPs of one training step's forward and backward on this batch (counted, not timed),
+    on a copy of the model and with the random state restored: the model, its gradients and
+    buffers (BatchNorm statistics) and the random streams (dropout) are left as they were."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    copy_ = copy.deepcopy(model)
+    copy_.train(model.training)
     counter = FlopCounterMode(display=False)
-    with counter:
-        loss_fn(model, inputs, targets).mean().backward()
-    model.zero_grad(set_to_none=True)
+    with torch.random.fork_rng(devices=[]), counter:
+        loss_fn(copy_, inputs, targets).mean().backward()
     return float(counter.get_total_flops())
+
+
+def first_batch_flops(model, loss_fn, inputs, targets, subset, batch_size: int) -> float:
+    """:func:`count_step_flops` on the first ``batch_size`` examples of ``subset`` (cycled)."""
+    device = next(model.parameters()).device
+    first = subset[torch.arange(batch_size) % subset.numel()]
+    return count_step_flops(model, loss_fn, inputs[first].to(device), targets[first].to(device))
+
+
+def make_optimizer(model: torch.nn.Module, config: InnerConfig, steps: int):
+    """The optimizer and learning-rate schedule (``None`` for constant) of a ``steps``-long run."""
+    optimizer = _optimizer(model, config)
+    if config.schedule == "constant":
+        return optimizer, None
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / steps))
+    )
+    return optimizer, schedule
 
 
 def _optimizer(model: torch.nn.Module, config: InnerConfig) -> torch.optim.Optimizer:
@@ -205,7 +229,7 @@ def train_under_budget(
             0,
             config.batch_size,
             0,
-            0.0,
+            0.0 if budget.unit == "flops" else None,
             float(budget.amount) if budget.unit == "flops" else 0.0,
             0.0,
             math.nan,
@@ -213,19 +237,12 @@ def train_under_budget(
     generator = generator if generator is not None else torch.Generator().manual_seed(0)
     device = next(model.parameters()).device
     model.train()
-    if flops_per_step is None:  # counted once per run, on the first batch, outside the budget
-        first = subset[torch.arange(config.batch_size) % subset.numel()]
-        flops_per_step = count_step_flops(
-            model, loss_fn, inputs[first].to(device), targets[first].to(device)
-        )
+    if budget.unit == "flops" and flops_per_step is None:  # counted on the first batch
+        flops_per_step = first_batch_flops(model, loss_fn, inputs, targets, subset,
+                                           config.batch_size)  # fmt: skip
     steps = budget.steps(flops_per_step)
     batches = batch_stream(subset, config.batch_size, steps, generator)
-    optimizer = _optimizer(model, config)
-    scheduler = None
-    if config.schedule == "cosine":
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * step / steps))
-        )
+    optimizer, scheduler = make_optimizer(model, config, steps)
     loss = torch.tensor(math.nan)
     for batch in batches:
         x, y = inputs[batch].to(device), targets[batch].to(device)
@@ -240,7 +257,7 @@ def train_under_budget(
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
-    flops = steps * flops_per_step
+    flops = None if flops_per_step is None else steps * flops_per_step
     left = budget.amount - flops if budget.unit == "flops" else 0.0
     return InnerLog(
         steps,

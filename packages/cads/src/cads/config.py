@@ -110,6 +110,8 @@ class SelectConfig:
         for name in ("pool_batch", "val_batch"):
             if getattr(self, name) is not None:
                 _positive_int(name, getattr(self, name))
+        if self.pool_batch is not None and self.pool_batch < 2:
+            raise ValueError(f"pool_batch must be at least 2 (two halves), got {self.pool_batch}")
         if self.ihvp not in IHVP_METHODS:
             raise ValueError(f"ihvp must be one of {IHVP_METHODS}, got {self.ihvp!r}")
         if self.interpolation not in INTERPOLATIONS:

@@ -19,9 +19,10 @@ can reach. ``L_trn(θ, m_k)`` is the mean loss of ``m_k``'s members in the pool:
 ``pool_batch=None`` over the whole pool (exact, the paper's one pass per subset), otherwise
 over one shared batch drawn with replacement, with the squared gap estimated without bias from
 the batch's two independent halves (:func:`squared_gaps`). Either way all ``K`` draws cost one
-forward and one backward pass together. A draw with no member to estimate from is left out of
-both updates, and ``s`` is not updated in a step with fewer than two usable draws
-(``draws_used`` in the trace).
+forward and one backward pass together. A draw with no member in one of the halves (a small
+subset) gets its exact gap from all its members instead; only an empty draw is left out of both
+updates, and ``s`` is not updated in a step with fewer than two usable draws (``draws_used`` in
+the trace).
 """
 
 from __future__ import annotations
@@ -146,6 +147,15 @@ def run_cads(
         squared_gap, valid = squared_gaps(
             losses, members, targets.to(losses), len(batch) == len(task)
         )
+        # a draw with no member in a half of the batch (a small subset): its exact gap instead,
+        # from all its members; only an empty draw is left out
+        for k in torch.nonzero(~valid.cpu() & (sizes > 0)).flatten().tolist():
+            own = torch.nonzero(masks[k]).flatten()
+            exact = task.loss_fn(model, task.inputs[own].to(device), task.targets[own].to(device))
+            squared_gap = squared_gap.clone()
+            squared_gap[k] = (exact.mean() - targets[k].to(exact)) ** 2
+            valid = valid.clone()
+            valid[k] = True
         penalty = config.alpha * squared_gap  # (K,)
         objective = val_loss + penalty
         model_optimizer.zero_grad(set_to_none=True)
@@ -153,8 +163,8 @@ def run_cads(
         model_optimizer.step()
         values = objective.detach().double().cpu()
         keep = valid.cpu()
-        norm = None  # no update of s when fewer than two draws have members in both halves
-        if int(keep.sum()) >= 2 or (int(keep.sum()) == 1 and config.baseline != "leave_one_out"):
+        norm = None  # no update of s with fewer than two usable (non-empty) draws
+        if int(keep.sum()) >= 2:
             scores = units.distribution.score(draws[keep], s)
             norm = variable.step(score_function_gradient(values[keep], scores, config.baseline))
         trace.append(

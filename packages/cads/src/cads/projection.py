@@ -34,7 +34,8 @@ def _check(values: torch.Tensor, size: float, weights: torch.Tensor, bounds) -> 
     if not 0 <= low < high <= 1:
         raise ValueError(f"bounds must satisfy 0 <= low < high <= 1, got {bounds}")
     least, most = low * float(weights.sum()), high * float(weights.sum())
-    if not (size > 0 and least <= size <= most):
+    slack = 1e-12 * max(1.0, most)  # the extremes themselves, up to the sum's rounding
+    if not (size > 0 and least - slack <= size <= most + slack):
         raise ValueError(
             f"the budget size must be in [{least:g}, {most:g}] (the weights times the bounds) "
             f"and positive, got {size!r}"
@@ -68,6 +69,11 @@ def project_budget(
     _check(values, float(size), weights, bounds)
     v, w = values.double(), weights.double()
     size, (a, b) = float(size), bounds
+    total_weight = float(w.sum())
+    if size >= b * total_weight:  # the top corner (or within rounding of it)
+        return torch.full_like(values, b)
+    if size <= a * total_weight:
+        return torch.full_like(values, a)
 
     def total(lam: float) -> float:
         return float((w * (v - lam * w).clamp(a, b)).sum())

@@ -110,7 +110,7 @@ def _speed(settings: ReproduceSettings, task) -> dict[str, dict[int, float]]:
         for method in seconds:
             start = time.perf_counter()
             select(task, budget, method, config=config, inner=inner, seed=settings.seed,
-                   progress=False)  # fmt: skip
+                   progress=None)  # fmt: skip
             seconds[method][budget] = time.perf_counter() - start
         logger.info("speed at %d steps: %s", budget,
                     {m: round(s[budget], 2) for m, s in seconds.items()})  # fmt: skip
@@ -132,7 +132,7 @@ def _run(out: Path, quick: bool, settings: ReproduceSettings) -> ReproduceResult
     ):  # fmt: skip
         logger.info("%s: %d pool examples, budgets %s", name, len(task), settings.budgets)
         rows = compare(task, settings.budgets, CADS_METHODS + baselines, config=config,
-                       inner=inner, seed=settings.seed, progress=False)  # fmt: skip
+                       inner=inner, seed=settings.seed, progress=None)  # fmt: skip
         parts[name] = {"rows": rows, "baselines": baselines, "key": key,
                        "sources": task.source_names}  # fmt: skip
     speed = _speed(settings, image_task)
@@ -272,6 +272,15 @@ def _markdown(parts: dict, speed: dict) -> str:
                   "|---|" + "---:|" * len(budgets)]  # fmt: skip
         for method, values in table.items():
             cells = [f"{scale * values[b]:.{1 if scale == 100 else 3}f}" for b in budgets]
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        counts: dict[str, dict[int, list[int]]] = {}
+        for row in part["rows"]:
+            counts.setdefault(row["method"], {})[int(row["budget"])] = row["composition"]
+        lines += ["", f"Selected examples per source ({', '.join(part['sources'])}):", "",
+                  "| method | " + " | ".join(map(str, budgets)) + " |",
+                  "|---|" + "---:|" * len(budgets)]  # fmt: skip
+        for method, by_budget in counts.items():
+            cells = ["/".join(map(str, by_budget[b])) for b in budgets]
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         ratios = {row["budget"]: row["probabilities"] for row in part["rows"]
                   if row["method"] == "cads-s"}  # fmt: skip

@@ -20,7 +20,13 @@ from typing import Any
 
 import torch
 
-from cads.budget import ComputeBudget, InnerConfig, as_budget, train_under_budget
+from cads.budget import (
+    ComputeBudget,
+    InnerConfig,
+    as_budget,
+    first_batch_flops,
+    train_under_budget,
+)
 from cads.task import SelectionTask, evaluate
 
 __all__ = ["LEVELS", "Selection", "evaluate_selection", "indices_from_probabilities"]
@@ -172,6 +178,8 @@ def evaluate_selection(
     if indices.min() < 0 or indices.max() >= len(task):
         raise ValueError(f"selection indices must lie in [0, {len(task)}) for this task")
     model = task.model_fn(seed)
+    flops_per_step = first_batch_flops(model, task.loss_fn, task.inputs, task.targets, indices,
+                                       inner.batch_size)  # fmt: skip
     log = train_under_budget(
         model,
         task.inputs,
@@ -181,6 +189,7 @@ def evaluate_selection(
         task.loss_fn,
         inner,
         generator=torch.Generator().manual_seed(seed + 1),
+        flops_per_step=flops_per_step,
     )
     val = evaluate(model, task.val_inputs, task.val_targets, task.loss_fn)
     test = evaluate(model, task.test_inputs, task.test_targets, task.loss_fn)
