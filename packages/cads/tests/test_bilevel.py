@@ -77,6 +77,9 @@ def test_negative_curvature_stops_conjugate_gradients():
         iterations=5,
     )
     assert torch.isfinite(grad).all()
+    # the first direction has zero curvature (H = diag(2w, −2w), rhs = (1, 1)): CG returns the
+    # right-hand side itself, so the hypergradient is −∂_w[(2wθ0, −2wθ1)·(1, 1)] = −2(θ0 − θ1)
+    torch.testing.assert_close(grad, torch.tensor([-0.6], dtype=torch.float64))
 
 
 def test_planted_noise_conventional_solvers_drop_the_noisy_source():

@@ -41,6 +41,9 @@ def test_missing_and_damaged_files_are_errors(tmp_path):
     (folder / "selection.json").write_text('{"format_version": 1, "meth')
     with pytest.raises(ValueError, match="not a readable selection"):
         Selection.load(folder)
+    (folder / "selection.json").write_text('{"format_version": 7}')
+    with pytest.raises(ValueError, match="format_version 7, expected 1"):
+        Selection.load(folder)
     (folder / "selection.json").unlink()
     with pytest.raises(FileNotFoundError, match=r"no selection\.json"):
         Selection.load(folder)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cads.models import byte_lm, small_cnn
+from cads.models import _seeded, byte_lm, small_cnn
 from cads.task import SelectionTask, classification_loss, token_loss
 
 __all__ = ["IMAGE_SOURCES", "TEXT_SOURCES", "mixed_fashion_mnist", "mixed_text", "toy_task"]
@@ -71,8 +71,8 @@ def mixed_fashion_mnist(
     ``clean_size`` (default ``per_source // 5``: premium data is scarce, as in the paper's
     setups: 1,000 Alpaca-GPT4 beside 9,000 Alpaca examples, 10,000 DomainNet Real images beside
     the other domains in full), average-pooled by ``downsample`` (28×28 → 14×14 at 2),
-    standardised with the clean pixels' statistics; the model is
-    :func:`cads.models.small_cnn`."""
+    standardised with the first source's pixel statistics (the clean one by default); the model
+    is :func:`cads.models.small_cnn`."""
     from benchdata import fashion_mnist
 
     clean_size = max(1, per_source // 5) if clean_size is None else clean_size
@@ -97,8 +97,8 @@ def mixed_fashion_mnist(
     order = rng.permutation(len(train.labels))
     images = torch.from_numpy(train.images.astype(np.float32) / 255.0)
     images = torch.nn.functional.avg_pool2d(images[:, None], downsample)
-    clean_rows = order[: size[sources[0]]]  # the first source's pixels set the scale
-    mean, std = images[clean_rows].mean(), images[clean_rows].std()
+    first_rows = order[: size[sources[0]]]  # the first source's pixels set the scale
+    mean, std = images[first_rows].mean(), images[first_rows].std()
     images = (images - mean) / std
     inputs, targets, ids, cursor = [], [], [], 0
     for j, name in enumerate(sources):
@@ -231,9 +231,7 @@ def toy_task(
     (x_val, y_val), (x_test, y_test) = draw(4 * per_source), draw(4 * per_source)
 
     def model_fn(seed: int) -> torch.nn.Module:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            return torch.nn.Linear(dim, classes)
+        return _seeded(seed, lambda: torch.nn.Linear(dim, classes))
 
     return SelectionTask(
         inputs=torch.cat([x_clean, x_noisy]),

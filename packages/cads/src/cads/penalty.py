@@ -149,12 +149,13 @@ def run_cads(
         )
         # a draw with no member in a half of the batch (a small subset): its exact gap instead,
         # from all its members; only an empty draw is left out
-        for k in torch.nonzero(~valid.cpu() & (sizes > 0)).flatten().tolist():
+        small = torch.nonzero(~valid.cpu() & (sizes > 0)).flatten().tolist()
+        if small:
+            squared_gap, valid = squared_gap.clone(), valid.clone()
+        for k in small:
             own = torch.nonzero(masks[k]).flatten()
             exact = task.loss_fn(model, task.inputs[own].to(device), task.targets[own].to(device))
-            squared_gap = squared_gap.clone()
             squared_gap[k] = (exact.mean() - targets[k].to(exact)) ** 2
-            valid = valid.clone()
             valid[k] = True
         penalty = config.alpha * squared_gap  # (K,)
         objective = val_loss + penalty

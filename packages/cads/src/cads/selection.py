@@ -122,18 +122,23 @@ class Selection:
     @classmethod
     def load(cls, folder: str | Path) -> Selection:
         """Read a folder written by :meth:`save`; refuses missing or inconsistent files."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
+        from kernels_common.cli import read_json, read_safetensors
 
         folder = Path(folder)
         for name in (JSON_FILE, TENSOR_FILE):
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"no {name} in {folder} (written by Selection.save)")
+        # truncated or foreign files: a ValueError naming the file
+        meta = read_json(folder / JSON_FILE, "selection")
+        tensors = read_safetensors(folder / TENSOR_FILE, "selection")
+        if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+            version = meta.get("format_version") if isinstance(meta, dict) else None
+            raise ValueError(
+                f"{folder / JSON_FILE} is not a readable selection "
+                f"(format_version {version!r}, expected {FORMAT_VERSION})"
+            )
         try:
-            meta = json.loads((folder / JSON_FILE).read_text())
-            if meta.get("format_version") != FORMAT_VERSION:
-                raise ValueError(f"format_version {meta.get('format_version')!r}")
-            probabilities = load_file(str(folder / TENSOR_FILE))["probabilities"]
+            probabilities = tensors["probabilities"]
             budget = ComputeBudget(meta["budget"]["amount"], meta["budget"]["unit"])
             selection = cls(
                 method=meta["method"],
@@ -146,8 +151,8 @@ class Selection:
                 source_names=tuple(meta["source_names"]),
                 seconds=float(meta["seconds"]),
             )
-        except (json.JSONDecodeError, KeyError, TypeError, SafetensorError) as error:
-            raise ValueError(f"{folder} is not a readable selection ({error})") from None
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"{folder} is not a readable selection (missing {error})") from None
         if (
             selection.level == "example"
             and selection.indices.numel()
