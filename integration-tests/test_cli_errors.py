@@ -216,6 +216,16 @@ CASES = [
     Case("cads", ["select", "--budget", "100", "--samples", "1", "--out", "sel"],
          expect="samples >= 2", why="one draw per step cannot take a leave-one-out baseline"),
     Case("cads", ["compare", "--budgets", "100,-3"], expect="100,-3", why="a negative budget"),
+    # lookwhere
+    Case("lookwhere", ["pretrain", "--out", "o", "--k-range", "9,3"], expect="9,3",
+         why="a k range whose low end is above its high end"),
+    Case("lookwhere", ["pretrain", "--out", "f"], files={"f": "x"}, expect="f",
+         why="the checkpoint folder is a file"),
+    Case("lookwhere", ["evaluate", "--checkpoint", "ck"],
+         files={"ck/lookwhere.json": '{"format_version": 1, "mod', "ck/model.safetensors": b"\0"},
+         expect="ck/lookwhere.json", why="a truncated model description"),
+    Case("lookwhere", ["finetune", "--checkpoint", "missing", "--out", "o"], expect="missing",
+         why="no such checkpoint folder"),
 ]  # fmt: skip
 
 

@@ -1,0 +1,255 @@
+"""Command line: ``lookwhere pretrain | finetune | evaluate | reproduce``.
+
+Bad arguments are refused with one line (``lookwhere: error: ...``, exit code 2) before any work
+starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from kernels_common import cli
+
+TASKS = ("sparse", "global")
+
+
+def _k_range(text: str) -> tuple[int, int]:
+    values = cli.int_list()(text)
+    if len(values) != 2 or values[0] > values[1]:
+        raise argparse.ArgumentTypeError(f"expected LOW,HIGH with LOW <= HIGH, got {text!r}")
+    return values[0], values[1]
+
+
+def _task(args: argparse.Namespace, split: str, count: int):
+    from lookwhere.data import global_images, sparse_canvases
+
+    if args.task == "sparse":
+        return sparse_canvases(
+            split, count, size=args.size, distractors=args.distractors, seed=args.seed
+        )
+    return global_images(split, count, size=args.size, seed=args.seed)
+
+
+def _train_config(args: argparse.Namespace, steps: int, lr: float):
+    from lookwhere.train import TrainConfig
+
+    return TrainConfig(steps=steps, batch_size=args.batch_size, lr=lr, seed=args.seed)
+
+
+def _teacher(args: argparse.Namespace, train):
+    """The teacher: a saved dense ViT, a DINOv2 folder, or one trained here (crops, then task)."""
+    from lookwhere import checkpoint
+    from lookwhere.baselines import DenseClassifier
+
+    if args.hf is not None:
+        from lookwhere.hf import load_dinov2
+
+        # our images are [0, 1]: DINOv2's ImageNet normalisation goes into its patch embedding
+        teacher = load_dinov2(args.hf, image_size=args.size, normalize=True)
+        return teacher.to(args.device), None
+    if args.teacher is not None:
+        model, _ = checkpoint.load(args.teacher)
+        if not isinstance(model, DenseClassifier):
+            raise ValueError(f"{args.teacher} holds a LookWhere model, not a ViT teacher")
+        model = model.to(args.device)
+        return model.vit, model
+    from lookwhere.data import global_images
+    from lookwhere.teacher import train_teacher
+    from lookwhere.vit import ViTConfig
+
+    config = ViTConfig(dim=args.dim, depth=args.depth, heads=args.heads, patch_size=args.patch)
+    crops = global_images("train", len(train), size=4 * args.patch, seed=args.seed)
+    stages = [(crops, args.teacher_steps), (train, args.teacher_steps)]
+    teacher = train_teacher(
+        config, stages, _train_config(args, 1, args.lr), num_classes=10, device=args.device,
+        progress=True,
+    )  # fmt: skip
+    return teacher.vit, teacher
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    from lookwhere import checkpoint
+    from lookwhere.model import lookwhere_from_teacher
+    from lookwhere.pretrain import pretrain
+
+    if args.hf is not None and args.teacher is not None:
+        raise cli.CommandError("give --teacher or --hf, not both")
+    train = _task(args, "train", args.train_images)
+    vit, dense = _teacher(args, train)
+    if vit.config.image_size != args.size:
+        raise ValueError(
+            f"the teacher is for {vit.config.image_size}px images, not --size {args.size}"
+        )
+    model = lookwhere_from_teacher(
+        vit,
+        selector_depth=args.selector_depth,
+        selector_size=args.selector_size,
+        num_classes=0 if dense is None else dense.head.out_features,
+        k=args.k_range[1],
+    )
+    model = model.to(args.device)
+    if dense is not None:
+        model.head.load_state_dict(dense.head.state_dict())
+        checkpoint.save(dense, args.out / "teacher", extra={"task": args.task})
+    log = pretrain(
+        model, vit, train, _train_config(args, args.steps, args.lr), k_range=args.k_range,
+        progress="pretrain",
+    )  # fmt: skip
+    extra = {
+        "task": args.task,
+        "size": args.size,
+        "k_range": list(args.k_range),
+        "stage": "pretrained",
+    }
+    checkpoint.save(model, args.out, extra=extra)
+    print(json.dumps({"out": str(args.out), "first_loss": log[0], "last_loss": log[-1]}, indent=1))
+    return 0
+
+
+def _load_lookwhere(path):
+    from lookwhere import checkpoint
+    from lookwhere.model import LookWhere
+
+    model, extra = checkpoint.load(path)
+    if not isinstance(model, LookWhere):
+        raise ValueError(f"{path} holds a {type(model).__name__}, not a LookWhere model")
+    return model, extra
+
+
+def _finetune(args: argparse.Namespace) -> int:
+    import torch
+
+    from lookwhere import checkpoint
+    from lookwhere.experiment import MethodSettings, finetune_lookwhere
+
+    model, extra = _load_lookwhere(args.checkpoint)
+    high = model.extractor.grid**2
+    if args.k_range[1] > high:
+        raise ValueError(f"--k-range {args.k_range} exceeds the {high} patches of the grid")
+    if isinstance(model.head, torch.nn.Identity):
+        model.head = torch.nn.Linear(model.extractor.vit.config.dim, 10)
+    model = model.to(args.device)
+    train = _task(args, "train", args.train_images)
+    settings = MethodSettings(
+        finetune=_train_config(args, args.steps, args.lr), k_range=args.k_range
+    )
+    finetune_lookwhere(model, train, settings, progress=True)
+    checkpoint.save(model, args.out, extra=extra | {"stage": "finetuned", "task": args.task})
+    print(json.dumps({"out": str(args.out)}, indent=1))
+    return 0
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    import torch
+
+    from lookwhere import checkpoint
+    from lookwhere.evaluate import judge, target_recall
+    from lookwhere.model import LookWhere
+
+    model, _ = checkpoint.load(args.checkpoint)
+    model = model.to(args.device)
+    test = _task(args, "test", args.test_images)
+    rows = []
+    if isinstance(model, LookWhere):
+        if isinstance(model.head, torch.nn.Identity):
+            raise ValueError(f"{args.checkpoint} has no classification head: fine-tune it first")
+        for k in args.k or [model.k]:
+            recall = target_recall(model, test, k) if args.task == "sparse" else None
+            point = judge("lookwhere", f"k={k}", lambda x, k=k: model(x, k=k).logits, test,
+                          tokens=k, target_recall=recall, device=args.device)  # fmt: skip
+            rows.append(point.to_dict())
+    else:
+        if args.k:
+            raise cli.CommandError("--k is for LookWhere checkpoints; this one is a dense ViT")
+        tokens = model.vit.config.grid**2
+        rows.append(judge("dense", "all", model, test, tokens=tokens, device=args.device).to_dict())
+    print(json.dumps(rows, indent=1))
+    return 0
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from lookwhere.reproduce import reproduce
+
+    results = reproduce(args.out, quick=args.quick, device=args.device, progress=True)
+    for claim in results.claims:
+        verdict = "PASS" if claim.passed else "FAIL"
+        print(f"{verdict}  {claim.name}: {claim.measured:.3g} {claim.unit} ({claim.expectation})")
+    print(f"results in {args.out}")
+    return 0
+
+
+def _data_arguments(parser: argparse.ArgumentParser, *, train: bool) -> None:
+    parser.add_argument("--task", choices=TASKS, default="sparse", help="benchmark task")
+    parser.add_argument("--size", type=cli.positive_int, default=96, help="image side (px)")
+    parser.add_argument("--distractors", type=cli.nonnegative_int, default=2,
+                        help="MNIST digits per sparse canvas")  # fmt: skip
+    parser.add_argument("--seed", type=cli.nonnegative_int, default=0)
+    parser.add_argument("--device", type=cli.device, default="cpu", help="cpu or cuda")
+    if train:
+        parser.add_argument("--train-images", type=cli.positive_int, default=8000)
+        parser.add_argument("--batch-size", type=cli.positive_int, default=64)
+    else:
+        parser.add_argument("--test-images", type=cli.positive_int, default=1000)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = cli.ArgumentParser(prog="lookwhere", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    p = commands.add_parser("pretrain", help="distil a teacher into a selector and extractor")
+    _data_arguments(p, train=True)
+    p.add_argument("--out", type=cli.output_folder, required=True)
+    p.add_argument("--teacher", type=cli.existing_folder, help="a saved ViT teacher folder")
+    p.add_argument("--hf", type=cli.existing_folder,
+                   help="a Hugging Face DINOv2-with-registers folder as the teacher")  # fmt: skip
+    p.add_argument("--teacher-steps", type=cli.positive_int, default=600,
+                   help="steps per stage when the teacher is trained here")  # fmt: skip
+    p.add_argument("--dim", type=cli.positive_int, default=64)
+    p.add_argument("--depth", type=cli.positive_int, default=4)
+    p.add_argument("--heads", type=cli.positive_int, default=4)
+    p.add_argument("--patch", type=cli.positive_int, default=8)
+    p.add_argument("--selector-depth", type=cli.positive_int, default=1)
+    p.add_argument("--selector-size", type=cli.positive_int, default=48)
+    p.add_argument("--steps", type=cli.positive_int, default=300)
+    p.add_argument("--lr", type=cli.positive_float, default=5e-4)
+    p.add_argument("--k-range", type=_k_range, default=(4, 36), help="LOW,HIGH tokens per step")
+
+    p = commands.add_parser("finetune", help="train the extractor and head, selector frozen")
+    _data_arguments(p, train=True)
+    p.add_argument("--checkpoint", type=cli.existing_folder, required=True)
+    p.add_argument("--out", type=cli.output_folder, required=True)
+    p.add_argument("--steps", type=cli.positive_int, default=200)
+    p.add_argument("--lr", type=cli.positive_float, default=3e-4)
+    p.add_argument("--k-range", type=_k_range, default=(4, 36))
+
+    p = commands.add_parser("evaluate", help="accuracy, FLOPs and time of a saved model")
+    _data_arguments(p, train=False)
+    p.add_argument("--checkpoint", type=cli.existing_folder, required=True)
+    p.add_argument("--k", type=cli.int_list(), help="tokens to keep, e.g. 6,12,24")
+
+    p = commands.add_parser("reproduce", help="the paper's claims at small scale, on a CPU")
+    p.add_argument("--quick", action="store_true", help="the ~10 minute run")
+    p.add_argument("--device", type=cli.device, default="cpu", help="cpu or cuda")
+    p.add_argument("--out", type=cli.output_folder, default="lookwhere-reproduce")
+    return parser
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    return {
+        "pretrain": _pretrain,
+        "finetune": _finetune,
+        "evaluate": _evaluate,
+        "reproduce": _reproduce,
+    }[args.command](args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.run(_parser(), _dispatch, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""DINOv2-with-registers weights from a Hugging Face folder give the HF model's outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from lookwhere.hf import load_dinov2, lookwhere_from_dinov2
+
+ATOL = 1e-5  # float32, the same operations
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    config = transformers.Dinov2WithRegistersConfig(
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        mlp_ratio=4,
+        patch_size=4,
+        image_size=32,
+        num_register_tokens=4,
+        layerscale_value=0.5,
+    )
+    torch.manual_seed(0)
+    model = transformers.Dinov2WithRegistersModel(config).eval()
+    with torch.no_grad():  # random, non-trivial weights everywhere
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+    folder = tmp_path_factory.mktemp("dinov2")
+    model.save_pretrained(folder)
+    return folder, model
+
+
+@pytest.mark.parametrize("size", [32, 24, 48])
+def test_loaded_vit_equals_the_hf_model(hf_folder, size):
+    folder, hf = hf_folder
+    images = torch.randn(2, 3, size, size)
+    ours = load_dinov2(folder, image_size=size)
+    with torch.no_grad():
+        expect = hf(pixel_values=images).last_hidden_state
+        out = ours(images)
+    assert torch.allclose(out.cls, expect[:, 0], atol=ATOL)
+    assert torch.allclose(out.registers, expect[:, 1:5], atol=ATOL)
+    assert torch.allclose(out.patches, expect[:, 5:], atol=ATOL)
+
+
+def test_transformers_5_key_names_load_the_same(hf_folder, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder, _ = hf_folder
+    weights = load_file(str(folder / "model.safetensors"))
+    renamed = {
+        key.replace("attention.attention.query", "attention.q_proj")
+        .replace("attention.attention.key", "attention.k_proj")
+        .replace("attention.attention.value", "attention.v_proj")
+        .replace("attention.output.dense", "attention.o_proj"): value
+        for key, value in weights.items()
+    }
+    assert renamed.keys() != weights.keys()
+    save_file(renamed, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
+    images = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(load_dinov2(tmp_path)(images).cls, load_dinov2(folder)(images).cls)
+
+
+def test_lookwhere_from_dinov2_extractor_is_the_teacher(hf_folder):
+    folder, hf = hf_folder
+    teacher, model = lookwhere_from_dinov2(
+        folder, image_size=32, selector_depth=2, k=64, normalize=False
+    )
+    assert model.selector.vit.config.depth == 2
+    assert model.selector.image_size == 8
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expect = hf(pixel_values=images).last_hidden_state
+        out = model.extractor(images, teacher.prefix(2), torch.arange(64).expand(2, -1))
+    assert torch.allclose(out.patches, expect[:, 5:], atol=ATOL)
+    assert not any(p.requires_grad for p in teacher.parameters())
+
+
+def test_bad_folders_are_refused(hf_folder, tmp_path):
+    folder, _ = hf_folder
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
+        load_dinov2(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "vit"}))
+    with pytest.raises(ValueError, match="'vit'"):
+        load_dinov2(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FileNotFoundError, match=r"model\.safetensors"):
+        load_dinov2(tmp_path)
+
+
+def test_normalization_folded_into_the_patch_embedding(hf_folder):
+    folder, hf = hf_folder
+    images = torch.rand(2, 3, 32, 32)  # [0, 1] pixels
+    mean = torch.tensor([0.485, 0.456, 0.406])[:, None, None]
+    std = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+    with torch.no_grad():
+        expect = hf(pixel_values=(images - mean) / std).last_hidden_state
+        out = load_dinov2(folder, normalize=True)(images)
+    assert torch.allclose(out.cls, expect[:, 0], atol=ATOL)
+    assert torch.allclose(out.patches, expect[:, 5:], atol=ATOL)
