@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import random_vit
 
 from lookwhere.baselines import (
     DenseClassifier,
@@ -22,12 +23,7 @@ CONFIG = ViTConfig(dim=32, depth=4, heads=4, patch_size=4, image_size=32, layer_
 
 
 def _vit(seed: int = 0) -> ViT:
-    torch.manual_seed(seed)
-    vit = ViT(CONFIG).eval()
-    with torch.no_grad():
-        for param in vit.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
-    return vit
+    return random_vit(CONFIG, seed)
 
 
 def _dense_and(cls, *args):

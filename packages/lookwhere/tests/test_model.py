@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from helpers import random_vit
 
 from lookwhere.model import (
     LookWhere,
@@ -24,12 +25,7 @@ CONFIG = ViTConfig(dim=32, depth=3, heads=4, patch_size=4, image_size=32, layer_
 
 
 def _vit(config: ViTConfig = CONFIG, seed: int = 0) -> ViT:
-    torch.manual_seed(seed)
-    vit = ViT(config).eval()
-    with torch.no_grad():  # untrained weights are near zero: make every path matter
-        for param in vit.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
-    return vit
+    return random_vit(config, seed)
 
 
 def _model(k: int = 8, dense: bool = False) -> LookWhere:
@@ -225,7 +221,7 @@ def test_selector_and_extractor_widths_must_agree():
         LookWhere(model.selector, Extractor(other), 3, 4)
 
 
-def test_idw_upsampling_is_exact_in_bfloat16():
+def test_idw_upsampling_in_bfloat16_is_off_only_by_the_values_rounding():
     """Distances are computed in float32 from integer coordinates: only the values' own bf16
     rounding remains (relative 2^-8 per operand)."""
     torch.manual_seed(4)

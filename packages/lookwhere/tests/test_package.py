@@ -144,3 +144,35 @@ def test_tiny_reproduce_writes_valid_results(tmp_path):
     assert {p["method"] for p in points["sparse"]} == {
         "lookwhere", "dense", "low-res", "random", "evit", "tome"
     }  # fmt: skip
+
+
+def test_checkpoint_refuses_weights_of_another_shape(tmp_path):
+    small = DenseClassifier(
+        ViT(ViTConfig(dim=16, depth=1, heads=2, patch_size=4, image_size=16)), 2
+    )
+    wide = DenseClassifier(ViT(ViTConfig(dim=32, depth=1, heads=2, patch_size=4, image_size=16)), 2)
+    checkpoint.save(small, tmp_path / "a")
+    checkpoint.save(wide, tmp_path / "b")
+    (tmp_path / "a" / "model.safetensors").write_bytes(
+        (tmp_path / "b" / "model.safetensors").read_bytes()
+    )
+    with pytest.raises(ValueError, match="does not fit"):
+        checkpoint.load(tmp_path / "a")
+
+
+def test_cli_refuses_a_size_the_patches_do_not_divide_before_any_work(tmp_path, capsys):
+    argv = ["pretrain", "--size", "100", "--out", str(tmp_path / "o")]
+    assert_refused(main, argv, capsys, "lookwhere", "--size 100", "8-pixel patches")
+
+
+def test_cli_refuses_a_dinov2_folder_at_the_default_sizes(tmp_path, capsys):
+    (tmp_path / "dino").mkdir()
+    config = {"model_type": "dinov2_with_registers", "patch_size": 14, "hidden_size": 32}
+    (tmp_path / "dino" / "config.json").write_text(json.dumps(config))
+    argv = ["pretrain", "--hf", str(tmp_path / "dino"), "--out", str(tmp_path / "o")]
+    assert_refused(main, argv, capsys, "lookwhere", "--size 96", "14-pixel patches")
+
+
+def test_cli_refuses_a_k_range_beyond_the_grid(tmp_path, capsys):
+    argv = ["pretrain", "--size", "32", "--k-range", "4,20", "--out", str(tmp_path / "o")]
+    assert_refused(main, argv, capsys, "lookwhere", "16 patches")

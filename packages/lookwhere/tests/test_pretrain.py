@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import random_vit
 
 from lookwhere.model import idw_upsample, lookwhere_from_teacher, topk_indices
 from lookwhere.pretrain import (
@@ -23,12 +24,7 @@ CONFIG = ViTConfig(dim=16, depth=2, heads=2, patch_size=4, image_size=16, layer_
 
 
 def _teacher(seed: int = 0) -> ViT:
-    torch.manual_seed(seed)
-    vit = ViT(CONFIG).eval()
-    with torch.no_grad():
-        for param in vit.parameters():
-            param.add_(torch.randn_like(param) * 0.2)
-    return vit
+    return random_vit(CONFIG, seed)
 
 
 def test_kl_is_teacher_first_by_hand():

@@ -39,35 +39,38 @@ def _train_config(args: argparse.Namespace, steps: int, lr: float):
     return TrainConfig(steps=steps, batch_size=args.batch_size, lr=lr, seed=args.seed)
 
 
-def _teacher(args: argparse.Namespace, train):
-    """The teacher: a saved dense ViT, a DINOv2 folder, or one trained here (crops, then task)."""
+def _saved_teacher(path):
     from lookwhere import checkpoint
     from lookwhere.baselines import DenseClassifier
 
-    if args.hf is not None:
-        from lookwhere.hf import load_dinov2
+    model, _ = checkpoint.load(path)
+    if type(model) is not DenseClassifier:
+        raise ValueError(f"{path} holds a {type(model).__name__}, not a ViT teacher")
+    return model
 
-        # our images are [0, 1]: DINOv2's ImageNet normalisation goes into its patch embedding
-        teacher = load_dinov2(args.hf, image_size=args.size, normalize=True)
-        return teacher.to(args.device), None
-    if args.teacher is not None:
-        model, _ = checkpoint.load(args.teacher)
-        if not isinstance(model, DenseClassifier):
-            raise ValueError(f"{args.teacher} holds a LookWhere model, not a ViT teacher")
-        model = model.to(args.device)
-        return model.vit, model
-    from lookwhere.data import global_images
-    from lookwhere.teacher import train_teacher
-    from lookwhere.vit import ViTConfig
 
-    config = ViTConfig(dim=args.dim, depth=args.depth, heads=args.heads, patch_size=args.patch)
-    crops = global_images("train", len(train), size=4 * args.patch, seed=args.seed)
-    stages = [(crops, args.teacher_steps), (train, args.teacher_steps)]
-    teacher = train_teacher(
-        config, stages, _train_config(args, 1, args.lr), num_classes=10, device=args.device,
-        progress=True,
-    )  # fmt: skip
-    return teacher.vit, teacher
+def _check_geometry(args: argparse.Namespace, patch: int, hf: bool) -> int:
+    """Refuse sizes the teacher's patches do not divide, before any work; the selector's size."""
+    if args.size % patch:
+        raise cli.CommandError(
+            f"--size {args.size} is not a multiple of the teacher's {patch}-pixel patches"
+        )
+    selector_size = args.selector_size
+    if selector_size is None:  # the paper's 154 / 518 for DINOv2, half the resolution otherwise
+        ratio = 154 / 518 if hf else 0.5
+        selector_size = max(patch, round(args.size * ratio / patch) * patch)
+    if selector_size % patch:
+        raise cli.CommandError(
+            f"--selector-size {selector_size} is not a multiple of the teacher's {patch}-pixel "
+            "patches"
+        )
+    patches = (args.size // patch) ** 2
+    if args.k_range[1] > patches:
+        raise cli.CommandError(
+            f"--k-range {args.k_range[0]},{args.k_range[1]} exceeds the {patches} patches of a "
+            f"{args.size}px image"
+        )
+    return selector_size
 
 
 def _pretrain(args: argparse.Namespace) -> int:
@@ -77,25 +80,44 @@ def _pretrain(args: argparse.Namespace) -> int:
 
     if args.hf is not None and args.teacher is not None:
         raise cli.CommandError("give --teacher or --hf, not both")
+    dense = None
+    if args.hf is not None:
+        from lookwhere.hf import hf_patch_size
+
+        patch = hf_patch_size(args.hf)
+    elif args.teacher is not None:
+        dense = _saved_teacher(args.teacher)
+        patch = dense.vit.config.patch_size
+        if dense.vit.config.image_size != args.size:
+            raise ValueError(
+                f"the teacher is for {dense.vit.config.image_size}px images, not --size {args.size}"
+            )
+    else:
+        patch = args.patch
+    selector_size = _check_geometry(args, patch, hf=args.hf is not None)
+    lr = args.lr if args.lr is not None else (2e-5 if args.hf is not None else 5e-4)
     train = _task(args, "train", args.train_images)
-    vit, dense = _teacher(args, train)
-    if vit.config.image_size != args.size:
-        raise ValueError(
-            f"the teacher is for {vit.config.image_size}px images, not --size {args.size}"
-        )
-    model = lookwhere_from_teacher(
-        vit,
-        selector_depth=args.selector_depth,
-        selector_size=args.selector_size,
-        num_classes=0 if dense is None else dense.head.out_features,
-        k=args.k_range[1],
-    )
-    model = model.to(args.device)
-    if dense is not None:
+    if args.hf is not None:
+        from lookwhere.hf import lookwhere_from_dinov2
+
+        # our images are [0, 1]: DINOv2's ImageNet normalisation goes into its patch embedding
+        vit, model = lookwhere_from_dinov2(
+            args.hf, image_size=args.size, selector_depth=args.selector_depth,
+            selector_size=selector_size, k=args.k_range[1], normalize=True,
+        )  # fmt: skip
+    else:
+        if dense is None:
+            dense = _train_teacher(args, train)
+        vit = dense.vit
+        model = lookwhere_from_teacher(
+            vit, selector_depth=args.selector_depth, selector_size=selector_size,
+            num_classes=dense.head.out_features, k=args.k_range[1],
+        )  # fmt: skip
         model.head.load_state_dict(dense.head.state_dict())
         checkpoint.save(dense, args.out / "teacher", extra={"task": args.task})
+    vit, model = vit.to(args.device), model.to(args.device)
     log = pretrain(
-        model, vit, train, _train_config(args, args.steps, args.lr), k_range=args.k_range,
+        model, vit, train, _train_config(args, args.steps, lr), k_range=args.k_range,
         progress="pretrain",
     )  # fmt: skip
     extra = {
@@ -107,6 +129,21 @@ def _pretrain(args: argparse.Namespace) -> int:
     checkpoint.save(model, args.out, extra=extra)
     print(json.dumps({"out": str(args.out), "first_loss": log[0], "last_loss": log[-1]}, indent=1))
     return 0
+
+
+def _train_teacher(args: argparse.Namespace, train):
+    """A supervised ViT teacher trained here: 4-patch object crops, then the task itself."""
+    from lookwhere.data import global_images
+    from lookwhere.teacher import train_teacher
+    from lookwhere.vit import ViTConfig
+
+    config = ViTConfig(dim=args.dim, depth=args.depth, heads=args.heads, patch_size=args.patch)
+    crops = global_images("train", len(train), size=4 * args.patch, seed=args.seed)
+    stages = [(crops, args.teacher_steps), (train, args.teacher_steps)]
+    return train_teacher(
+        config, stages, _train_config(args, 1, args.teacher_lr), num_classes=len(train.classes),
+        device=args.device, progress=True,
+    )  # fmt: skip
 
 
 def _load_lookwhere(path):
@@ -129,10 +166,10 @@ def _finetune(args: argparse.Namespace) -> int:
     high = model.extractor.grid**2
     if args.k_range[1] > high:
         raise ValueError(f"--k-range {args.k_range} exceeds the {high} patches of the grid")
-    if isinstance(model.head, torch.nn.Identity):
-        model.head = torch.nn.Linear(model.extractor.vit.config.dim, 10)
-    model = model.to(args.device)
     train = _task(args, "train", args.train_images)
+    if isinstance(model.head, torch.nn.Identity):  # features only (a DINOv2 teacher): a new head
+        model.head = torch.nn.Linear(model.extractor.vit.config.dim, len(train.classes))
+    model = model.to(args.device)
     settings = MethodSettings(
         finetune=_train_config(args, args.steps, args.lr), k_range=args.k_range
     )
@@ -212,9 +249,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", type=cli.positive_int, default=4)
     p.add_argument("--patch", type=cli.positive_int, default=8)
     p.add_argument("--selector-depth", type=cli.positive_int, default=1)
-    p.add_argument("--selector-size", type=cli.positive_int, default=48)
+    p.add_argument(
+        "--selector-size",
+        type=cli.positive_int,
+        help="the selector's resolution (default half --size; 154/518 of it with --hf)",
+    )
     p.add_argument("--steps", type=cli.positive_int, default=300)
-    p.add_argument("--lr", type=cli.positive_float, default=5e-4)
+    p.add_argument(
+        "--lr",
+        type=cli.positive_float,
+        help="peak learning rate (default 5e-4; 2e-5 with --hf, in the anchor's sweep)",
+    )
+    p.add_argument(
+        "--teacher-lr",
+        type=cli.positive_float,
+        default=1.5e-3,
+        help="peak learning rate of a teacher trained here",
+    )
     p.add_argument("--k-range", type=_k_range, default=(4, 36), help="LOW,HIGH tokens per step")
 
     p = commands.add_parser("finetune", help="train the extractor and head, selector frozen")

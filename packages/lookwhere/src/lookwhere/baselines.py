@@ -17,7 +17,6 @@ tokens it does not keep.
 
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lookwhere.model import check_k, gather_tokens
-from lookwhere.vit import Block, ViT, check_images, resize_pos_embed
+from lookwhere.vit import Block, ViT, check_images, downsample, vit_at_resolution
 
 
 class DenseClassifier(nn.Module):
@@ -47,26 +46,12 @@ class LowResClassifier(DenseClassifier):
     def __init__(self, vit: ViT, num_classes: int, size: int):
         if size % vit.config.patch_size:
             raise ValueError(f"size {size} is not a multiple of the patch {vit.config.patch_size}")
-        config = vit.config.replace(image_size=size)
-        low = ViT(config)
-        state = vit.state_dict()
-        state["pos_embed"] = resize_pos_embed(
-            state["pos_embed"], (config.grid, config.grid), config.pos_antialias
-        )
-        low.load_state_dict(state)
-        super().__init__(low, num_classes)
+        super().__init__(vit_at_resolution(vit, size), num_classes)
         self.size = size
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         check_images(images, self.vit.config.channels, 1)
-        low = F.interpolate(
-            images,
-            size=(self.size, self.size),
-            mode="bilinear",
-            antialias=True,
-            align_corners=False,
-        )
-        return super().forward(low)
+        return super().forward(downsample(images, self.size))
 
 
 class RandomTokenClassifier(DenseClassifier):
@@ -232,8 +217,3 @@ def tome_tokens(patches: int, depth: int, r: int) -> list[int]:
         counts.append(patches)
         patches -= min(r, patches // 2)
     return counts
-
-
-def copy_vit(vit: ViT) -> ViT:
-    """An independent copy (every baseline starts from the same teacher weights)."""
-    return copy.deepcopy(vit)

@@ -17,6 +17,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import torch
+from torch import nn
 
 from lookwhere.baselines import (
     DenseClassifier,
@@ -54,8 +55,8 @@ class MethodSettings:
 
     selector_depth: int = 1
     selector_size: int = 48
-    pretrain: TrainConfig = field(default_factory=lambda: TrainConfig(steps=300, lr=5e-4))
-    finetune: TrainConfig = field(default_factory=lambda: TrainConfig(steps=200, lr=3e-4))
+    pretrain: TrainConfig = field(default_factory=lambda: TrainConfig(steps=250, lr=5e-4))
+    finetune: TrainConfig = field(default_factory=lambda: TrainConfig(steps=150, lr=3e-4))
     k_range: tuple[int, int] = (4, 36)
     ks: tuple[int, ...] = (6, 12, 24, 36)
     low_sizes: tuple[int, ...] = (48, 64)
@@ -63,18 +64,41 @@ class MethodSettings:
     tome_rs: tuple[int, ...] = (8, 16, 24)
     time_batch: int = 32
 
+    def __post_init__(self) -> None:
+        low, high = self.k_range
+        if not 1 <= low <= high:
+            raise ValueError(f"k_range {self.k_range} must satisfy 1 <= low <= high")
+        if not self.ks or min(self.ks) < 1:
+            raise ValueError(f"ks {self.ks} must be positive token counts")
+        if not self.evit_rates or not all(0 < r <= 1 for r in self.evit_rates):
+            raise ValueError(f"evit_rates {self.evit_rates} must be in (0, 1]")
+        if not self.tome_rs or min(self.tome_rs) < 0:
+            raise ValueError(f"tome_rs {self.tome_rs} must be merges >= 0")
+        if not self.low_sizes:
+            raise ValueError("low_sizes needs at least one resolution")
+
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 @dataclass
 class TaskResult:
-    """Every operating point of every method on one task, and the trained LookWhere model."""
+    """Every operating point of every method on one task, and the trained models.
+
+    Attributes:
+        task: The task's name.
+        points: Every method at every setting.
+        lookwhere: The fine-tuned LookWhere model.
+        pretrain_log: Its distillation loss terms per step.
+        models: Every fine-tuned model by name ("dense", "low-res 48px", "random", "evit",
+            "tome", "lookwhere").
+    """
 
     task: str
     points: list[OperatingPoint]
     lookwhere: LookWhere
     pretrain_log: list[dict[str, float]]
+    models: dict[str, nn.Module] = field(default_factory=dict)
 
     def by_method(self) -> dict[str, list[OperatingPoint]]:
         out: dict[str, list[OperatingPoint]] = {}
@@ -196,6 +220,7 @@ def run_task(
         point("lookwhere", f"k={k}", lambda x, k=k: lookwhere(x, k=k).logits, k, recall)
 
     dense = _finetune(_copy(teacher), train, settings, "dense", progress)
+    lows: dict[str, nn.Module] = {}
     point("dense", "all", dense, patches)
 
     for size in settings.low_sizes:
@@ -203,6 +228,7 @@ def run_task(
         low.head.load_state_dict(teacher.head.state_dict())
         low = low.to(device)
         low = _finetune(low, train, settings, f"low-res {size}", progress)
+        lows[f"low-res {size}px"] = low
         point("low-res", f"{size}px", low, (size // config.patch_size) ** 2)
 
     base = _copy(teacher)
@@ -228,7 +254,7 @@ def run_task(
     rates = settings.evit_rates
 
     def evit_forward(x, g):
-        rate = rates[0] + (rates[-1] - rates[0]) * float(torch.rand((), generator=g))
+        rate = min(rates) + (max(rates) - min(rates)) * float(torch.rand((), generator=g))
         return evit(x, keep_rate=rate)
 
     _finetune(evit, train, settings, "evit", progress, forward=evit_forward)
@@ -237,7 +263,7 @@ def run_task(
             "evit",
             f"keep={rate:g}",
             lambda x, rate=rate: evit(x, keep_rate=rate),
-            _evit_tokens(patches, rate, evit.locations),
+            evit_tokens(patches, rate, evit.locations, config.depth),
         )
 
     base = _copy(teacher)
@@ -247,19 +273,27 @@ def run_task(
     rs = settings.tome_rs
     _finetune(
         tome, train, settings, "tome", progress,
-        forward=lambda x, g: tome(x, r=uniform_k(rs[0], rs[-1], g)),
+        forward=lambda x, g: tome(x, r=uniform_k(min(rs), max(rs), g)),
     )  # fmt: skip
     for r in rs:
         point(
             "tome", f"r={r}", lambda x, r=r: tome(x, r=r), tome_tokens(patches, config.depth, r)[-1]
         )
-    return TaskResult(task=test.name, points=points, lookwhere=lookwhere, pretrain_log=log)
+    models = {"lookwhere": lookwhere, "dense": dense, **lows, "random": random, "evit": evit}
+    return TaskResult(
+        task=test.name,
+        points=points,
+        lookwhere=lookwhere,
+        pretrain_log=log,
+        models=models | {"tome": tome},
+    )
 
 
-def _evit_tokens(patches: int, rate: float, locations: list[int]) -> int:
-    """Non-prefix tokens (kept plus the fused one) in EViT's last block."""
+def evit_tokens(patches: int, rate: float, locations: list[int], depth: int) -> int:
+    """Non-prefix tokens (kept plus the fused one) entering EViT's last block (as
+    `tome_tokens(...)[-1]` for ToMe): reductions in earlier blocks only."""
     tokens = patches
-    for _ in locations:
+    for _ in [i for i in locations if i < depth - 1]:
         kept = math.ceil(rate * tokens)
         tokens = kept + 1 if kept < tokens else tokens
     return tokens

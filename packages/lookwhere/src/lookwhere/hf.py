@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from lookwhere.vit import ViT, ViTConfig, resize_pos_embed
+from lookwhere.vit import ViT, ViTConfig, resize_pos_embed, vit_at_resolution
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -75,6 +75,11 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
             key = re.sub(pattern, target, key)
         renamed[key] = value
     return renamed
+
+
+def hf_patch_size(folder: str | Path) -> int:
+    """The patch size in a DINOv2 folder's `config.json` (read without loading any weights)."""
+    return int(_read_config(Path(folder))["patch_size"])
 
 
 def config_from_hf(config: dict, image_size: int | None = None) -> ViTConfig:
@@ -213,17 +218,14 @@ def lookwhere_from_dinov2(
     Returns:
         `(teacher, model)`: the frozen teacher ViT and the LookWhere model to pre-train.
     """
-    from lookwhere.model import lookwhere_from_teacher
+    from lookwhere.model import LookWhere, extractor_from_teacher, selector_from_teacher
 
-    teacher = load_dinov2(folder, image_size=image_size, normalize=normalize)
+    native = load_dinov2(folder, normalize=normalize)
+    teacher = vit_at_resolution(native, image_size).eval()
     patch = teacher.config.patch_size
     if selector_size is None:
         selector_size = max(patch, round(image_size * 154 / 518 / patch) * patch)
-    model = lookwhere_from_teacher(
-        teacher,
-        selector_depth=selector_depth,
-        selector_size=selector_size,
-        num_classes=num_classes,
-        k=k,
-    )
+    # both resize the checkpoint's own position embeddings, once
+    selector = selector_from_teacher(native, selector_depth, selector_size, teacher.config.grid)
+    model = LookWhere(selector, extractor_from_teacher(teacher), num_classes, k)
     return teacher.requires_grad_(False), model

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lookwhere.vit import ViT, ViTOutput, check_images, resize_pos_embed
+from lookwhere.vit import ViT, ViTOutput, check_images, downsample, vit_at_resolution
 
 IDW_NEIGHBOURS = 5
 IDW_EPS = 1e-8
@@ -176,25 +176,13 @@ class Selector(nn.Module):
         """`images (B, C, H, W)` at high resolution (any size; resized bilinearly, antialiased
         when shrinking, as the anchor's JAX pre-training's `jax.image.resize`)."""
         check_images(images, self.vit.config.channels, 1)
-        low = F.interpolate(
-            images,
-            size=(self.image_size, self.image_size),
-            mode="bilinear",
-            align_corners=False,
-            antialias=True,
-        )
+        low = downsample(images, self.image_size)
         out = self.vit(low)
         s, g = self.subgrid, self.low_grid
         logits = self.head(out.patches)  # (B, g*g, s*s)
         logits = logits.reshape(-1, g, g, s, s).permute(0, 1, 3, 2, 4).reshape(-1, 1, g * s, g * s)
         if g * s != self.high_grid:
-            logits = F.interpolate(
-                logits,
-                size=(self.high_grid, self.high_grid),
-                mode="bilinear",
-                align_corners=False,
-                antialias=True,
-            )
+            logits = downsample(logits, self.high_grid)  # the anchor: 44 -> 37
         prefix = torch.cat([out.cls[:, None], out.registers], dim=1)
         return SelectorOutput(saliency=logits.flatten(1), prefix=prefix, patches=out.patches)
 
@@ -321,18 +309,7 @@ def selector_from_teacher(
     its position embeddings bicubically resized to the low-resolution grid, and a new head."""
     if not 1 <= depth <= teacher.config.depth:
         raise ValueError(f"selector depth {depth} must be in [1, {teacher.config.depth}]")
-    config = teacher.config.replace(depth=depth, image_size=image_size)
-    vit = ViT(config)
-    state = {
-        key: value
-        for key, value in teacher.state_dict().items()
-        if not key.startswith("blocks.") or int(key.split(".")[1]) < depth
-    }
-    state["pos_embed"] = resize_pos_embed(
-        state["pos_embed"], (config.grid, config.grid), config.pos_antialias
-    )
-    vit.load_state_dict(state)
-    return Selector(vit, high_grid, subgrid)
+    return Selector(vit_at_resolution(teacher, image_size, depth), high_grid, subgrid)
 
 
 def extractor_from_teacher(teacher: ViT) -> Extractor:

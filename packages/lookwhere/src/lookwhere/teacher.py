@@ -23,21 +23,14 @@ import torch
 from lookwhere.baselines import DenseClassifier
 from lookwhere.data import ImageTask
 from lookwhere.train import TrainConfig, device_of, train_classifier
-from lookwhere.vit import ViT, ViTConfig, resize_pos_embed
+from lookwhere.vit import ViT, ViTConfig, vit_at_resolution
 
 
 def at_resolution(model: DenseClassifier, size: int) -> DenseClassifier:
     """A copy of `model` for `size`-pixel images: position embeddings resized, head kept."""
-    config = model.vit.config.replace(image_size=size)
-    vit = ViT(config)
-    state = model.vit.state_dict()
-    state["pos_embed"] = resize_pos_embed(
-        state["pos_embed"], (config.grid, config.grid), config.pos_antialias
-    )
-    vit.load_state_dict(state)
-    out = DenseClassifier(vit, model.head.out_features).to(device_of(model))
+    out = DenseClassifier(vit_at_resolution(model.vit, size), model.head.out_features)
     out.head.load_state_dict(model.head.state_dict())
-    return out
+    return out.to(device_of(model))
 
 
 def train_teacher(

@@ -132,7 +132,9 @@ def optimise(
             group["lr"] = warmup_cosine(step, config.steps, warmup, config.lr)
         loss = loss_fn(indices, step, generator)
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"the loss became {loss.item()} at step {step}")
+            raise ValueError(
+                f"the loss became {loss.item()} at step {step}: lower the learning rate"
+            )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if config.clip:

@@ -33,7 +33,7 @@ class ViTConfig:
         layer_scale: Initial LayerScale value (DINOv2: 1e-5; 1.0 is a plain residual ViT).
         eps: LayerNorm epsilon (DINOv2: 1e-6).
         pos_antialias: Antialias when the position embeddings are resized to a smaller grid
-            (transformers does; timm and the anchor do not).
+            (transformers and timm do; the anchor's `interpolate_pos_encoding` does not).
     """
 
     dim: int = 64
@@ -308,3 +308,30 @@ class ViT(nn.Module):
         tokens = self.embed(images)
         tokens = torch.cat([self.prefix(tokens.shape[0]), tokens], dim=1)
         return self.run_blocks(tokens, self.config.num_prefix, return_attention=return_attention)
+
+
+def vit_at_resolution(vit: ViT, image_size: int, depth: int | None = None) -> ViT:
+    """A new ViT with `vit`'s weights (its first `depth` blocks) for `image_size` images: the
+    position embeddings resized to the new grid once, here."""
+    depth = vit.config.depth if depth is None else depth
+    if not 1 <= depth <= vit.config.depth:
+        raise ValueError(f"depth {depth} must be in [1, {vit.config.depth}]")
+    config = vit.config.replace(image_size=image_size, depth=depth)
+    state = {
+        key: value
+        for key, value in vit.state_dict().items()
+        if not key.startswith("blocks.") or int(key.split(".")[1]) < depth
+    }
+    state["pos_embed"] = resize_pos_embed(
+        state["pos_embed"], (config.grid, config.grid), config.pos_antialias
+    )
+    out = ViT(config).to(vit.pos_embed.device)
+    out.load_state_dict(state)
+    return out
+
+
+def downsample(images: torch.Tensor, size: int) -> torch.Tensor:
+    """Bilinear resize to `size x size`, antialiased when shrinking (as `jax.image.resize`)."""
+    return F.interpolate(
+        images, size=(size, size), mode="bilinear", align_corners=False, antialias=True
+    )
