@@ -106,3 +106,16 @@ def test_normalization_folded_into_the_patch_embedding(hf_folder):
         out = load_dinov2(folder, normalize=True)(images)
     assert torch.allclose(out.cls, expect[:, 0], atol=ATOL)
     assert torch.allclose(out.patches, expect[:, 5:], atol=ATOL)
+
+
+def test_lookwhere_from_dinov2_resizes_the_checkpoints_own_position_embeddings(hf_folder):
+    from lookwhere.vit import resize_pos_embed
+
+    folder, hf = hf_folder
+    _, model = lookwhere_from_dinov2(folder, image_size=48, selector_size=12, normalize=False)
+    native = hf.embeddings.position_embeddings[:, 1:].detach()  # the 8x8 grid it was saved with
+    expect = resize_pos_embed(native, (3, 3), antialias=True)
+    assert torch.allclose(model.selector.vit.pos_embed, expect, atol=1e-6)
+    assert torch.allclose(
+        model.extractor.vit.pos_embed, resize_pos_embed(native, (12, 12), antialias=True), atol=1e-6
+    )

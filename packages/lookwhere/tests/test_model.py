@@ -297,3 +297,18 @@ def test_k_accepts_numpy_integers():
     model = _model()
     with torch.no_grad():
         assert model(torch.rand(1, 3, 32, 32), k=np.int64(3)).indices.shape == (1, 3)
+
+
+def test_selector_prefix_is_its_normed_cls_then_registers():
+    model = _model()
+    images = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        out = model.selector(images)
+        low = torch.nn.functional.interpolate(
+            images, size=(16, 16), mode="bilinear", antialias=True
+        )
+        tokens = torch.cat([model.selector.vit.prefix(2), model.selector.vit.embed(low)], 1)
+        for block in model.selector.vit.blocks:
+            tokens, _ = block(tokens)
+        normed = model.selector.vit.norm(tokens)
+    assert torch.allclose(out.prefix, normed[:, :5], atol=ATOL)  # CLS, then the 4 registers

@@ -165,6 +165,14 @@ def _copy(teacher: DenseClassifier) -> DenseClassifier:
     return copy.deepcopy(teacher).requires_grad_(True)
 
 
+def _baseline(cls, teacher: DenseClassifier, *args) -> DenseClassifier:
+    """`cls(copy of the teacher's ViT, classes, *args)`, starting from the teacher's head."""
+    base = _copy(teacher)
+    model = cls(base.vit, base.head.out_features, *args)
+    model.head.load_state_dict(base.head.state_dict())
+    return model.to(device_of(teacher))
+
+
 def _finetune(
     model, train: ImageTask, settings: MethodSettings, name: str, progress: bool, forward=None
 ):
@@ -219,22 +227,16 @@ def run_task(
         recall = target_recall(lookwhere, test, k) if test.name == "sparse" else None
         point("lookwhere", f"k={k}", lambda x, k=k: lookwhere(x, k=k).logits, k, recall)
 
-    dense = _finetune(_copy(teacher), train, settings, "dense", progress)
-    lows: dict[str, nn.Module] = {}
+    models: dict[str, nn.Module] = {"lookwhere": lookwhere}
+    dense = models["dense"] = _finetune(_copy(teacher), train, settings, "dense", progress)
     point("dense", "all", dense, patches)
 
     for size in settings.low_sizes:
-        low = LowResClassifier(_copy(teacher).vit, teacher.head.out_features, size)
-        low.head.load_state_dict(teacher.head.state_dict())
-        low = low.to(device)
-        low = _finetune(low, train, settings, f"low-res {size}", progress)
-        lows[f"low-res {size}px"] = low
+        low = _baseline(LowResClassifier, teacher, size)
+        models[f"low-res {size}px"] = _finetune(low, train, settings, f"low-res {size}", progress)
         point("low-res", f"{size}px", low, (size // config.patch_size) ** 2)
 
-    base = _copy(teacher)
-    random = RandomTokenClassifier(base.vit, base.head.out_features, high_k)
-    random.head.load_state_dict(base.head.state_dict())
-    random = random.to(device)
+    random = models["random"] = _baseline(RandomTokenClassifier, teacher, high_k)
     _finetune(
         random, train, settings, "random", progress,
         forward=lambda x, g: random(x, k=uniform_k(low_k, high_k, g), generator=g),
@@ -247,10 +249,7 @@ def run_task(
             k,
         )
 
-    base = _copy(teacher)
-    evit = EViTClassifier(base.vit, base.head.out_features, settings.evit_rates[0])
-    evit.head.load_state_dict(base.head.state_dict())
-    evit = evit.to(device)
+    evit = models["evit"] = _baseline(EViTClassifier, teacher, settings.evit_rates[0])
     rates = settings.evit_rates
 
     def evit_forward(x, g):
@@ -266,10 +265,7 @@ def run_task(
             evit_tokens(patches, rate, evit.locations, config.depth),
         )
 
-    base = _copy(teacher)
-    tome = ToMeClassifier(base.vit, base.head.out_features, settings.tome_rs[0])
-    tome.head.load_state_dict(base.head.state_dict())
-    tome = tome.to(device)
+    tome = models["tome"] = _baseline(ToMeClassifier, teacher, settings.tome_rs[0])
     rs = settings.tome_rs
     _finetune(
         tome, train, settings, "tome", progress,
@@ -279,13 +275,8 @@ def run_task(
         point(
             "tome", f"r={r}", lambda x, r=r: tome(x, r=r), tome_tokens(patches, config.depth, r)[-1]
         )
-    models = {"lookwhere": lookwhere, "dense": dense, **lows, "random": random, "evit": evit}
     return TaskResult(
-        task=test.name,
-        points=points,
-        lookwhere=lookwhere,
-        pretrain_log=log,
-        models=models | {"tome": tome},
+        task=test.name, points=points, lookwhere=lookwhere, pretrain_log=log, models=models
     )
 
 
