@@ -1,0 +1,172 @@
+"""Real images for super-resolution: aerial and natural photographs, LR/HR pairs, random patches.
+
+The images come from benchdata (opencv-doc's aerial photographs and natural photos, scikit-
+image's samples), or from a folder of your own (AID / DOTA / DIOR style: images in the folder or
+in class sub-folders). LR images are made once per HR image with MATLAB's bicubic
+(:func:`spikesr.resize.degrade`); training draws aligned LR/HR patches with random flips and
+90-degree rotations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from spikesr.resize import degrade, modcrop
+
+# held out from training everywhere here: one aerial photograph and two classic test photos
+TEST_IMAGES = ("aero3", "baboon", "butterfly")
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff"}
+
+
+def read_image(path: str | Path, *, repeat_gray: bool = False) -> np.ndarray:
+    """An image file -> float32 ``(H, W, 3)`` in [0, 1] (alpha dropped).
+
+    A grayscale file is an error unless ``repeat_gray`` (then its luma fills the 3 channels).
+    """
+    from PIL import Image
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no image file at {path}")
+    with Image.open(path) as image:
+        mode = image.mode
+        if mode in ("L", "LA", "I", "I;16", "F", "1"):
+            if not repeat_gray:
+                raise ValueError(
+                    f"{path} is a grayscale image (mode {mode}); SpikeSR needs RGB "
+                    "(pass repeat_gray=True / --repeat-gray to copy it to 3 channels)"
+                )
+            image = image.convert("L").convert("RGB")
+        else:
+            image = image.convert("RGB")
+        return np.asarray(image, dtype=np.float32) / 255.0
+
+
+def write_image(path: str | Path, image: np.ndarray) -> Path:
+    """Save a float ``(H, W, 3)`` image in [0, 1] as an 8-bit file (format from the suffix)."""
+    from PIL import Image
+
+    path = Path(path)
+    pixels = np.round(np.clip(image, 0.0, 1.0) * 255.0).astype(np.uint8)
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def folder_images(path: str | Path) -> dict[str, np.ndarray]:
+    """Every image under ``path`` (recursively, AID-style class folders), named by relative path."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no image folder at {root}")
+    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise FileNotFoundError(f"no images ({sorted(IMAGE_SUFFIXES)}) under {root}")
+    return {str(p.relative_to(root).with_suffix("")): read_image(p, repeat_gray=True) for p in files}
+
+
+def benchmark_images(source: str = "all") -> dict[str, np.ndarray]:
+    """benchdata's photographs as RGB floats: "aerial", "natural" or "all"."""
+    from benchdata import sr_images
+
+    return sr_images(source, color="rgb")
+
+
+def split_images(
+    images: dict[str, np.ndarray], test: tuple[str, ...] = TEST_IMAGES
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``(train, test)`` by name; every name in ``test`` must be present."""
+    missing = [name for name in test if name not in images]
+    if missing:
+        raise ValueError(f"test images {missing} are not among {sorted(images)}")
+    train = {k: v for k, v in images.items() if k not in test}
+    return train, {k: images[k] for k in test}
+
+
+@dataclass(frozen=True)
+class Pair:
+    """An HR image cropped to a multiple of the scale, and its LR image."""
+
+    name: str
+    hr: np.ndarray
+    lr: np.ndarray
+
+
+def make_pairs(images: dict[str, np.ndarray], scale: int) -> list[Pair]:
+    """LR/HR pairs by MATLAB bicubic degradation (``degrade``), HR modcropped to the scale."""
+    pairs = []
+    for name, image in images.items():
+        hr = modcrop(np.asarray(image, dtype=np.float32), scale)
+        pairs.append(Pair(name, hr, degrade(hr, scale)))
+    return pairs
+
+
+class PatchSampler:
+    """Random aligned LR/HR patches from pairs, with flips and 90-degree rotations.
+
+    Args:
+        pairs: from :func:`make_pairs`.
+        scale: the pairs' scale.
+        lr_patch: LR patch side (the HR patch is ``scale`` times larger).
+        seed: the sampler's own random stream.
+    """
+
+    def __init__(self, pairs: list[Pair], scale: int, lr_patch: int, seed: int = 0):
+        if not pairs:
+            raise ValueError("no training images")
+        small = [p.name for p in pairs if min(p.lr.shape[:2]) < lr_patch]
+        if small:
+            raise ValueError(f"images {small} are smaller than an LR patch of {lr_patch} pixels")
+        self.pairs, self.scale, self.lr_patch = pairs, scale, lr_patch
+        # images drawn in proportion to their area
+        areas = np.array([p.lr.shape[0] * p.lr.shape[1] for p in pairs], dtype=np.float64)
+        self.weights = areas / areas.sum()
+        self.rng = np.random.default_rng(seed)
+
+    def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(lr (B, 3, p, p), hr (B, 3, s p, s p))`` float32 tensors."""
+        lrs, hrs = [], []
+        p, s = self.lr_patch, self.scale
+        for index in self.rng.choice(len(self.pairs), size=batch_size, p=self.weights):
+            pair = self.pairs[index]
+            top = int(self.rng.integers(0, pair.lr.shape[0] - p + 1))
+            left = int(self.rng.integers(0, pair.lr.shape[1] - p + 1))
+            lr = pair.lr[top : top + p, left : left + p]
+            hr = pair.hr[s * top : s * (top + p), s * left : s * (left + p)]
+            flip_h, flip_v, transpose = self.rng.integers(0, 2, size=3)
+            lr, hr = augment(lr, bool(flip_h), bool(flip_v), bool(transpose)), augment(
+                hr, bool(flip_h), bool(flip_v), bool(transpose)
+            )
+            lrs.append(lr)
+            hrs.append(hr)
+        return to_tensor(np.stack(lrs)), to_tensor(np.stack(hrs))
+
+
+def augment(image: np.ndarray, flip_h: bool, flip_v: bool, transpose: bool) -> np.ndarray:
+    """One of the 8 flips / rotations of an ``(H, W, C)`` image."""
+    if flip_h:
+        image = image[:, ::-1]
+    if flip_v:
+        image = image[::-1]
+    if transpose:
+        image = image.transpose(1, 0, 2)
+    return np.ascontiguousarray(image)
+
+
+def to_tensor(images: np.ndarray) -> torch.Tensor:
+    """``(H, W, 3)`` or ``(B, H, W, 3)`` floats -> ``(B, 3, H, W)`` float32."""
+    images = np.asarray(images, dtype=np.float32)
+    if images.ndim == 3:
+        images = images[None]
+    return torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2)))
+
+
+def to_image(tensor: torch.Tensor) -> np.ndarray:
+    """``(1, 3, H, W)`` or ``(3, H, W)`` -> ``(H, W, 3)`` float32 numpy."""
+    if tensor.dim() == 4:
+        if tensor.shape[0] != 1:
+            raise ValueError(f"expected one image, got a batch of {tensor.shape[0]}")
+        tensor = tensor[0]
+    return tensor.detach().float().cpu().permute(1, 2, 0).numpy()
