@@ -226,6 +226,16 @@ CASES = [
          expect="ck/lookwhere.json", why="a truncated model description"),
     Case("lookwhere", ["finetune", "--checkpoint", "missing", "--out", "o"], expect="missing",
          why="no such checkpoint folder"),
+    # spikesr
+    Case("spikesr", ["upscale", "in.png", "out.png", "--scale", "3"], files={"in.png": b"x"},
+         expect="3", why="a scale the networks do not have"),
+    Case("spikesr", ["upscale", "in.png", "out.png"], files={"in.png": b"not an image"},
+         expect="in.png", why="a file that is no image"),
+    Case("spikesr", ["upscale", "in.png", "out.png", "--weights", "w.safetensors"],
+         files={"in.png": b"x", "w.safetensors": b"\0" * 8}, expect="w.safetensors",
+         why="truncated weights"),
+    Case("spikesr", ["train", "--out", "w.safetensors", "--lr-patch", "8"], expect="--lr-patch 8",
+         why="training patches smaller than the attention patches"),
 ]  # fmt: skip
 
 

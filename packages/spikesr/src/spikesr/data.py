@@ -32,7 +32,11 @@ def read_image(path: str | Path, *, repeat_gray: bool = False) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no image file at {path}")
-    with Image.open(path) as image:
+    try:
+        opened = Image.open(path)
+    except (OSError, Image.DecompressionBombError) as error:
+        raise ValueError(f"{path} is not a readable image ({type(error).__name__})") from None
+    with opened as image:
         mode = image.mode
         if mode in ("L", "LA", "I", "I;16", "F", "1"):
             if not repeat_gray:
@@ -64,7 +68,9 @@ def folder_images(path: str | Path) -> dict[str, np.ndarray]:
     files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise FileNotFoundError(f"no images ({sorted(IMAGE_SUFFIXES)}) under {root}")
-    return {str(p.relative_to(root).with_suffix("")): read_image(p, repeat_gray=True) for p in files}
+    return {
+        str(p.relative_to(root).with_suffix("")): read_image(p, repeat_gray=True) for p in files
+    }
 
 
 def benchmark_images(source: str = "all") -> dict[str, np.ndarray]:
@@ -106,6 +112,10 @@ def make_pairs(images: dict[str, np.ndarray], scale: int) -> list[Pair]:
 class PatchSampler:
     """Random aligned LR/HR patches from pairs, with flips and 90-degree rotations.
 
+    Each patch comes from an image drawn uniformly (as DIV2K-style loaders do: one large, mostly
+    dark image such as a retina scan would otherwise supply a third of the patches), at a uniform
+    position, under one of the 8 flips / rotations.
+
     Args:
         pairs: from :func:`make_pairs`.
         scale: the pairs' scale.
@@ -120,24 +130,22 @@ class PatchSampler:
         if small:
             raise ValueError(f"images {small} are smaller than an LR patch of {lr_patch} pixels")
         self.pairs, self.scale, self.lr_patch = pairs, scale, lr_patch
-        # images drawn in proportion to their area
-        areas = np.array([p.lr.shape[0] * p.lr.shape[1] for p in pairs], dtype=np.float64)
-        self.weights = areas / areas.sum()
         self.rng = np.random.default_rng(seed)
 
     def sample(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(lr (B, 3, p, p), hr (B, 3, s p, s p))`` float32 tensors."""
         lrs, hrs = [], []
         p, s = self.lr_patch, self.scale
-        for index in self.rng.choice(len(self.pairs), size=batch_size, p=self.weights):
+        for index in self.rng.integers(0, len(self.pairs), size=batch_size):
             pair = self.pairs[index]
             top = int(self.rng.integers(0, pair.lr.shape[0] - p + 1))
             left = int(self.rng.integers(0, pair.lr.shape[1] - p + 1))
             lr = pair.lr[top : top + p, left : left + p]
             hr = pair.hr[s * top : s * (top + p), s * left : s * (left + p)]
             flip_h, flip_v, transpose = self.rng.integers(0, 2, size=3)
-            lr, hr = augment(lr, bool(flip_h), bool(flip_v), bool(transpose)), augment(
-                hr, bool(flip_h), bool(flip_v), bool(transpose)
+            lr, hr = (
+                augment(lr, bool(flip_h), bool(flip_v), bool(transpose)),
+                augment(hr, bool(flip_h), bool(flip_v), bool(transpose)),
             )
             lrs.append(lr)
             hrs.append(hr)

@@ -42,7 +42,9 @@ def deform_conv2d(
     wo = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     taps = kh * kw
     if offset.shape != (b, 2 * taps, ho, wo):
-        raise ValueError(f"offset must have shape {(b, 2 * taps, ho, wo)}, got {tuple(offset.shape)}")
+        raise ValueError(
+            f"offset must have shape {(b, 2 * taps, ho, wo)}, got {tuple(offset.shape)}"
+        )
     if mask is not None and mask.shape != (b, taps, ho, wo):
         raise ValueError(f"mask must have shape {(b, taps, ho, wo)}, got {tuple(mask.shape)}")
     dtype, device = x.dtype, x.device

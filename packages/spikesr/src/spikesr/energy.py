@@ -1,16 +1,17 @@
 """Energy from synaptic operations: spike-driven layers cost accumulates, the rest multiply-adds.
 
-A convolution or linear layer whose input is binary (every value 0 or 1: the spikes of a LIF
-layer) only adds a weight where a spike arrives, so it costs ``MACs x firing rate`` accumulates
-(ACs); any other layer, and the attention products of the DSA, cost their full multiply-adds
-(MACs). With the 45 nm figures the paper uses, ``E = 0.9 pJ x ACs + 4.6 pJ x MACs``. Batch norms
-fold into the preceding convolution at inference and neurons are not counted, as is usual.
-The ANN twin (ReLU in place of LIF) gives its own MACs through the same meter.
+A convolution or linear layer whose input is the output of a spiking neuron (a LIF layer, ours
+or SpikingJelly's) only adds a weight where a spike arrives, so it costs ``MACs x firing rate``
+accumulates (ACs); any other layer, and the attention products of the DSA, cost their full
+multiply-adds (MACs). With the 45 nm figures the paper uses, ``E = 0.9 pJ x ACs + 4.6 pJ x MACs``.
+Batch norms fold into the preceding convolution at inference and neurons are not counted, as is
+usual. The ANN twin (ReLU in place of LIF) gives its own MACs through the same meter.
 """
 
 from __future__ import annotations
 
 import contextvars
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -56,6 +57,12 @@ class EnergyMeter:
         """``0.9 pJ x ACs + 4.6 pJ x MACs``."""
         return E_AC_PJ * self.total_acs + E_MAC_PJ * self.total_macs
 
+    # the spike tensors alive in this pass (weakly held: a freed tensor leaves the set, so a later
+    # tensor at the same address is never taken for spikes)
+    _spikes: weakref.WeakValueDictionary = field(
+        default_factory=weakref.WeakValueDictionary, repr=False
+    )
+
     def _record(self, name: str, module: nn.Module, x: torch.Tensor, out: torch.Tensor) -> None:
         if isinstance(module, nn.Conv2d):
             fan_in = module.in_channels // module.groups * module.kernel_size[0]
@@ -63,7 +70,7 @@ class EnergyMeter:
             dense = out.numel() * fan_in
         else:
             dense = out.numel() * module.in_features
-        if bool(((x == 0) | (x == 1)).all()):
+        if self._spikes.get(id(x)) is x:
             rate = float(x.float().mean())
             self.rates[name] = rate
             self.acs[name] = self.acs.get(name, 0.0) + dense * rate
@@ -71,8 +78,18 @@ class EnergyMeter:
             self.macs[name] = self.macs.get(name, 0.0) + float(dense)
 
     def track(self, model: nn.Module) -> _Tracking:
-        """Context manager: hooks every Conv2d / Linear of ``model`` and collects functional MACs."""
+        """Context manager: hooks every Conv2d / Linear of ``model``, collects functional MACs."""
         return _Tracking(self, model)
+
+
+def is_spiking_neuron(module: nn.Module) -> bool:
+    """Our LIF, or any SpikingJelly neuron (its ``...Node`` classes)."""
+    from spikesr.neuron import LIF
+
+    kind = type(module)
+    return isinstance(module, LIF) or (
+        kind.__module__.startswith("spikingjelly") and kind.__name__.endswith("Node")
+    )
 
 
 class _Tracking:
@@ -80,8 +97,12 @@ class _Tracking:
         self.meter, self.model, self.handles, self.token = meter, model, [], None
 
     def __enter__(self) -> EnergyMeter:
+        spikes = self.meter._spikes
         for name, module in self.model.named_modules():
-            if isinstance(module, (nn.Conv2d, nn.Linear)):
+            if is_spiking_neuron(module):
+                hook = lambda m, args, out: spikes.__setitem__(id(out), out)  # noqa: E731
+                self.handles.append(module.register_forward_hook(hook))
+            elif isinstance(module, (nn.Conv2d, nn.Linear)):
                 hook = lambda m, args, out, name=name: self.meter._record(name, m, args[0], out)  # noqa: E731
                 self.handles.append(module.register_forward_hook(hook))
         self.token = _METER.set(self.meter)
@@ -90,6 +111,7 @@ class _Tracking:
     def __exit__(self, *exc) -> None:
         for handle in self.handles:
             handle.remove()
+        self.meter._spikes.clear()
         _METER.reset(self.token)
 
 

@@ -68,7 +68,9 @@ def _pair(a: np.ndarray, b: np.ndarray, **flags) -> tuple[np.ndarray, np.ndarray
     return prepare(a, **flags), prepare(b, **flags)
 
 
-def psnr(sr: np.ndarray, hr: np.ndarray, *, y_channel: bool, crop: int = 0, round: bool = True) -> float:
+def psnr(
+    sr: np.ndarray, hr: np.ndarray, *, y_channel: bool, crop: int = 0, round: bool = True
+) -> float:
     """Peak signal-to-noise ratio in dB (peak 255); ``inf`` for identical images."""
     a, b = _pair(sr, hr, y_channel=y_channel, crop=crop, round=round)
     mse = np.mean((a - b) ** 2)
@@ -102,7 +104,9 @@ def _ssim_2d(a: np.ndarray, b: np.ndarray) -> float:
     return float(ssim_map.mean())
 
 
-def ssim(sr: np.ndarray, hr: np.ndarray, *, y_channel: bool, crop: int = 0, round: bool = True) -> float:
+def ssim(
+    sr: np.ndarray, hr: np.ndarray, *, y_channel: bool, crop: int = 0, round: bool = True
+) -> float:
     """Structural similarity (Wang et al. 2004), averaged over channels for RGB."""
     a, b = _pair(sr, hr, y_channel=y_channel, crop=crop, round=round)
     if min(a.shape[:2]) < 11:
@@ -112,7 +116,13 @@ def ssim(sr: np.ndarray, hr: np.ndarray, *, y_channel: bool, crop: int = 0, roun
     return float(np.mean([_ssim_2d(a[..., c], b[..., c]) for c in range(a.shape[2])]))
 
 
-def score(sr: np.ndarray, hr: np.ndarray, convention: Convention, scale: int) -> tuple[float, float]:
+def score(
+    sr: np.ndarray, hr: np.ndarray, convention: Convention, scale: int
+) -> tuple[float, float]:
     """``(PSNR, SSIM)`` under a convention."""
-    flags = dict(y_channel=convention.y_channel, crop=convention.crop_for(scale), round=convention.round)
+    flags = {
+        "y_channel": convention.y_channel,
+        "crop": convention.crop_for(scale),
+        "round": convention.round,
+    }
     return psnr(sr, hr, **flags), ssim(sr, hr, **flags)

@@ -91,7 +91,9 @@ class SpikeSRConfig:
         if self.neuron not in NEURONS:
             raise ValueError(f"neuron must be one of {NEURONS}, got {self.neuron!r}")
         if self.width < 16:
-            raise ValueError(f"width must be >= 16 (the refinement block divides it by 16), got {self.width}")
+            raise ValueError(
+                f"width must be >= 16 (the refinement block divides it by 16), got {self.width}"
+            )
         for name in ("groups", "blocks", "time_steps", "qk_dim", "mlp_dim", "dsa_layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -100,7 +102,9 @@ class SpikeSRConfig:
                 f"patch_step must be in [1, patch_size={self.patch_size}], got {self.patch_step}"
             )
         if self.v_threshold <= 0 or self.tau <= 1:
-            raise ValueError(f"need v_threshold > 0 and tau > 1, got {self.v_threshold}, {self.tau}")
+            raise ValueError(
+                f"need v_threshold > 0 and tau > 1, got {self.v_threshold}, {self.tau}"
+            )
         for name in ("time_kernel", "channel_kernel"):
             if getattr(self, name) < 1 or getattr(self, name) % 2 == 0:
                 raise ValueError(f"{name} must be odd and >= 1, got {getattr(self, name)}")
@@ -167,7 +171,9 @@ class DeformableSimilarityAttention(nn.Module):
                 nn.LayerNorm(dim),
                 PatchAttention(dim, config.qk_dim, p, deformable=i == 0),
                 nn.LayerNorm(dim),
-                nn.Sequential(nn.Linear(dim, config.mlp_dim), nn.GELU(), nn.Linear(config.mlp_dim, dim)),
+                nn.Sequential(
+                    nn.Linear(dim, config.mlp_dim), nn.GELU(), nn.Linear(config.mlp_dim, dim)
+                ),
             ])
             for i in range(config.dsa_layers)
         )  # fmt: skip
@@ -220,7 +226,9 @@ class SpikingAttentionBlock(nn.Module):
             neuron(), SeqConv2d(c, c, 3, padding=1, bias=False), TDBatchNorm(c, vth),
             neuron(), SeqConv2d(c, c, 3, padding=1, bias=False), TDBatchNorm(c, 0.2 * vth),
         )  # fmt: skip
-        self.shortcut = nn.Sequential(SeqConv2d(c, c, 3, padding=1, bias=False), TDBatchNorm(c, vth))
+        self.shortcut = nn.Sequential(
+            SeqConv2d(c, c, 3, padding=1, bias=False), TDBatchNorm(c, vth)
+        )
         self.hda = HybridDimensionAttention(config) if config.hda else None
         self.dsa = DeformableSimilarityAttention(config) if config.dsa else None
 
@@ -252,7 +260,7 @@ class ResidualGroup(nn.Module):
 
 
 class FeatureRefinement(nn.Module):
-    """The anchor's refinement: ``(1 - t) a + t x`` with a channel gate ``a`` and a spatial ``t``."""
+    """The anchor's refinement: ``(1 - t) a + t x``, a channel gate ``a``, a spatial gate ``t``."""
 
     def __init__(self, channels: int, reduction: int = 16):
         super().__init__()
@@ -283,7 +291,9 @@ class SpikeSR(nn.Module):
         self.head = SeqConv2d(3, c, 3, padding=1, bias=False)
         self.body = nn.Sequential(*(ResidualGroup(config) for _ in range(config.groups)))
         self.refinement = FeatureRefinement(c)
-        self.tail = nn.Sequential(nn.Conv2d(c, 3 * config.scale**2, 3, padding=1), nn.PixelShuffle(config.scale))
+        self.tail = nn.Sequential(
+            nn.Conv2d(c, 3 * config.scale**2, 3, padding=1), nn.PixelShuffle(config.scale)
+        )
 
     @property
     def min_size(self) -> int:
@@ -301,7 +311,9 @@ class SpikeSR(nn.Module):
 def check_input(x: torch.Tensor, min_size: int = 1) -> None:
     """A clear error for what the networks cannot take: not ``(B, 3, H, W)``, or too small."""
     if not torch.is_tensor(x) or x.dim() != 4:
-        raise ValueError(f"expected images of shape (B, 3, H, W), got {getattr(x, 'shape', type(x))}")
+        raise ValueError(
+            f"expected images of shape (B, 3, H, W), got {getattr(x, 'shape', type(x))}"
+        )
     if x.shape[1] != 3:
         raise ValueError(
             f"expected RGB images with 3 channels, got {x.shape[1]} "

@@ -39,7 +39,7 @@ class _SigmoidSpike(torch.autograd.Function):
 
 
 def spike(x: torch.Tensor, alpha: float = 4.0) -> torch.Tensor:
-    """``1[x >= 0]``, with the sigmoid surrogate gradient ``alpha s (1 - s)``, ``s = sigmoid(alpha x)``."""
+    """``1[x >= 0]``, with the surrogate gradient ``alpha s (1 - s)``, ``s = sigmoid(alpha x)``."""
     return _SigmoidSpike.apply(x, alpha)
 
 
@@ -122,9 +122,7 @@ def make_neuron(kind: str, v_threshold: float, tau: float) -> nn.Module:
                 "(with its declared dependencies it would pull torchvision and torchaudio); "
                 "neuron='lif' computes the same without it"
             ) from error
-        return neuron.LIFNode(
-            tau=tau, v_threshold=v_threshold, decay_input=False, step_mode="m"
-        )
+        return neuron.LIFNode(tau=tau, v_threshold=v_threshold, decay_input=False, step_mode="m")
     raise ValueError(f"neuron must be one of {NEURONS}, got {kind!r}")
 
 

@@ -64,7 +64,8 @@ def imresize(image: np.ndarray, scale: float, *, antialias: bool = True) -> np.n
     rows = resize_matrix(h, out_h, float(scale), antialias)
     cols = resize_matrix(w, out_w, float(scale), antialias)
     pixels = image.astype(np.float64)
-    return np.einsum("ih,hw...,jw->ij...", rows, pixels, cols)
+    out = np.tensordot(np.tensordot(rows, pixels, axes=(1, 0)), cols, axes=(1, 1))
+    return np.moveaxis(out, -1, 1)  # (out_h, [C,] out_w) -> (out_h, out_w[, C])
 
 
 def modcrop(image: np.ndarray, scale: int) -> np.ndarray:
@@ -78,7 +79,9 @@ def degrade(hr: np.ndarray, scale: int, *, quantize: bool = True) -> np.ndarray:
     must be multiples of ``scale``), clipped, and rounded to 8-bit levels as a saved PNG is."""
     h, w = hr.shape[:2]
     if h % scale or w % scale:
-        raise ValueError(f"HR size {h}x{w} is not a multiple of the scale {scale}: modcrop it first")
+        raise ValueError(
+            f"HR size {h}x{w} is not a multiple of the scale {scale}: modcrop it first"
+        )
     lr = np.clip(imresize(hr, 1 / scale), 0.0, 1.0)
     if quantize:
         lr = np.round(lr * 255.0) / 255.0
