@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import TINY
 
 from spikesr.dcn import DeformableConv2d
@@ -187,3 +188,87 @@ def test_bad_inputs_are_refused():
         model(torch.rand(3, 16, 16))
     with pytest.raises(ValueError, match="floating-point"):
         model(torch.zeros(1, 3, 16, 16, dtype=torch.uint8))
+
+
+# -- the anchor's SAB attention, written out literally (func.py GPA / Block / Match, TCJA) -------
+
+
+def _anchor_patch_divide(x, step, ps):
+    _, _, h, w = x.shape
+    crops = []
+    for i in range(0, h + step - ps, step):
+        top, down = (h - ps, h) if i + ps > h else (i, i + ps)
+        for j in range(0, w + step - ps, step):
+            left, right = (w - ps, w) if j + ps > w else (j, j + ps)
+            crops.append(x[:, :, top:down, left:right])
+    return torch.stack(crops, dim=1)
+
+
+def _anchor_patch_reverse(crops, x, step, ps):
+    _, _, h, w = x.shape
+    out, index = torch.zeros_like(x), 0
+    for i in range(0, h + step - ps, step):
+        top, down = (h - ps, h) if i + ps > h else (i, i + ps)
+        for j in range(0, w + step - ps, step):
+            left, right = (w - ps, w) if j + ps > w else (j, j + ps)
+            out[:, :, top:down, left:right] += crops[:, index]
+            index += 1
+    for i in range(step, h + step - ps, step):
+        top = h - ps if i + ps > h else i
+        out[:, :, top : i + ps - step, :] /= 2
+    for j in range(step, w + step - ps, step):
+        left = w - ps if j + ps > w else j
+        out[:, :, :, left : j + ps - step] /= 2
+    return out
+
+
+def _anchor_gpa(x, dsa):
+    """GPA.forward in eval mode with B = 1, our DSA's weights, the anchor's operations."""
+    ps, step = 16, 14
+    crops = _anchor_patch_divide(x, step, ps)
+    b, n, c, h, w = crops.shape
+    q = dsa.match_norm(crops.mean(dim=(-2, -1)))
+    attn = q @ q.transpose(-1, -2) * c**-0.5 - 100 * torch.eye(n)
+    y = crops.flatten(0, 1)[attn.argmax(-1).flatten()].view(b, n, c, h, w)
+    tokens = crops.flatten(3).flatten(0, 1).transpose(1, 2)  # (b n) (h w) c
+    y = y.flatten(3).flatten(0, 1).transpose(1, 2)
+    for i, (norm1, layer, norm2, ffn) in enumerate(dsa.layers):
+        normed = norm1(tokens)  # PreNorm: only x is normed, the support is not
+        if i == 0:
+            image = normed.transpose(1, 2).reshape(-1, c, 16, 16)
+            deformed = layer.dcn(image).flatten(2).transpose(1, 2)
+            qq, kk, vv = layer.to_q(deformed), layer.to_k(y), layer.to_v(y)
+        else:
+            qq, kk, vv = layer.to_q(normed), layer.to_k(normed), layer.to_v(normed)
+        weights = (qq @ kk.transpose(-1, -2) * layer.scale).softmax(-1)
+        tokens = weights @ vv + tokens
+        tokens = ffn(norm2(tokens)) + tokens
+    crops = tokens.transpose(1, 2).reshape(b, n, c, h, w)
+    return x + dsa.mid_conv(_anchor_patch_reverse(crops, x, step, ps))
+
+
+def _anchor_sab(x_tb, sab):
+    """Spiking_Residual_Block.forward (with TCJA) on ``(T, B, C, H, W)``."""
+    shortcut = x_tb.clone()
+    out = sab.residual(x_tb) + sab.shortcut(x_tb)
+    x_seq = out.transpose(0, 1)  # B T C H W
+    m = x_seq.mean(dim=[3, 4])
+    att = torch.sigmoid(sab.hda.conv_c(m.permute(0, 2, 1)).permute(0, 2, 1) * sab.hda.conv_t(m))
+    y1 = x_seq * att[:, :, :, None, None]
+    y2 = torch.stack([_anchor_gpa(x_seq[:, t], sab.dsa) for t in range(x_seq.shape[1])], dim=1)
+    return F.gelu(y1 + y2).transpose(0, 1) + shortcut
+
+
+@pytest.mark.parametrize("size", [(32, 32), (16, 44)])
+def test_spiking_attention_block_equals_the_anchors_wiring(size):
+    from spikesr.model import SpikingAttentionBlock
+
+    torch.manual_seed(8)
+    config = SpikeSRConfig(width=16, time_steps=3)
+    sab = SpikingAttentionBlock(config).eval()
+    for module in sab.modules():  # non-trivial weights everywhere, the DCN's offsets included
+        for p in module.parameters(recurse=False):
+            torch.nn.init.normal_(p, std=0.3)
+    x = torch.randn(3, 1, 16, *size)
+    with torch.no_grad():
+        torch.testing.assert_close(sab(x), _anchor_sab(x, sab), rtol=1e-4, atol=1e-5)

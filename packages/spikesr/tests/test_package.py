@@ -103,6 +103,18 @@ def test_tiles_change_outputs_only_slightly(aero3):
     assert psnr(tiled, whole, y_channel=True) > 40
 
 
+def test_tiles_cover_any_shape_and_keep_the_mode():
+    torch.manual_seed(1)
+    model = SpikeSR(TINY).train()
+    lr = np.random.default_rng(1).random((40, 120, 3)).astype(np.float32)
+    tiled = upscale(model, lr, tile=48, overlap=8)  # one tile down, three across
+    assert tiled.shape == (80, 240, 3)
+    assert model.training  # upscale runs in eval mode and puts the mode back
+    left = upscale(model, lr[:, :48], tile=None)  # the first tile alone, the same network
+    # its columns that no other tile reaches are that tile's output exactly
+    np.testing.assert_allclose(tiled[:, :64], left[:, :64], rtol=0, atol=1e-6)
+
+
 def test_upscale_command_on_a_real_image(tmp_path, aero3, capsys):
     lr = degrade(modcrop(aero3[:96, :128], 4), 4)  # 24 x 32
     source = tmp_path / "in.png"
@@ -173,9 +185,11 @@ def test_tiny_reproduce_writes_valid_results(tmp_path):
     loaded = ReproduceResults.load(tmp_path)
     assert [c.name for c in loaded.claims] == [c.name for c in results.claims]
     assert len(results.claims) == 5
+    assert results.claims[-1].name == "energy: ANN counterpart (one step) / SpikeSR"
     for name in ("summary.md", "networks.json", "training_loss.png", "crops.png"):
         assert (tmp_path / name).is_file(), name
     table = json.loads((tmp_path / "networks.json").read_text())
-    assert set(table) == {"bicubic", "edsr", "ann_twin", "spikesr", "without_hda", "without_dsa"}
+    names = {"bicubic", "edsr", "ann_twin", "spikesr", "without_hda", "without_dsa", "ann_one_step"}
+    assert set(table) == names
     assert table["spikesr"]["acs_g"] > 0
     assert table["ann_twin"]["acs_g"] == 0

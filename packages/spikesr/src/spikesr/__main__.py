@@ -81,7 +81,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     pairs = make_pairs(_images(args, "test"), args.scale)
     rows = {
         "bicubic": evaluate(bicubic_upscaler(args.scale), pairs, args.scale).to_dict(),
-        "model": evaluate(model_upscaler(model, tile=args.tile, device=args.device), pairs,
+        "model": evaluate(model_upscaler(model, tile=args.tile or None, device=args.device), pairs,
                           args.scale).to_dict(),
     }  # fmt: skip
     print(json.dumps(rows, indent=1))
@@ -94,7 +94,7 @@ def _upscale(args: argparse.Namespace) -> int:
 
     model = _load(args)
     image = read_image(args.input, repeat_gray=args.repeat_gray)
-    out = upscale(model, image, tile=args.tile, device=args.device)
+    out = upscale(model, image, tile=args.tile or None, device=args.device)
     write_image(args.output, out)
     print(f"{args.input} ({image.shape[1]}x{image.shape[0]}) -> {args.output} "
           f"({out.shape[1]}x{out.shape[0]})")  # fmt: skip
@@ -117,8 +117,8 @@ def _weights_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--weights", type=cli.existing_file, help="from `spikesr train` (default: the shipped ones)"
     )
-    parser.add_argument("--tile", type=cli.positive_int, default=96,
-                        help="LR tile side for large images")  # fmt: skip
+    parser.add_argument("--tile", type=cli.nonnegative_int, default=96,
+                        help="LR tile side (0: the whole image at once)")  # fmt: skip
     parser.add_argument("--device", type=cli.device, default="cpu", help="cpu or cuda")
 
 

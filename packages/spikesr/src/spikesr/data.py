@@ -114,7 +114,8 @@ class PatchSampler:
 
     Each patch comes from an image drawn uniformly (as DIV2K-style loaders do: one large, mostly
     dark image such as a retina scan would otherwise supply a third of the patches), at a uniform
-    position, under one of the 8 flips / rotations.
+    position, under one of the 8 flips / rotations (the anchor's loader uses 4 of them: flips and
+    the 180-degree rotation, no transpose).
 
     Args:
         pairs: from :func:`make_pairs`.

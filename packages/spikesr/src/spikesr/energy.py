@@ -11,6 +11,7 @@ usual. The ANN twin (ReLU in place of LIF) gives its own MACs through the same m
 from __future__ import annotations
 
 import contextvars
+import math
 import weakref
 from dataclasses import dataclass, field
 
@@ -64,9 +65,8 @@ class EnergyMeter:
     )
 
     def _record(self, name: str, module: nn.Module, x: torch.Tensor, out: torch.Tensor) -> None:
-        if isinstance(module, nn.Conv2d):
-            fan_in = module.in_channels // module.groups * module.kernel_size[0]
-            fan_in *= module.kernel_size[1]
+        if isinstance(module, nn.Conv1d | nn.Conv2d):
+            fan_in = module.in_channels // module.groups * math.prod(module.kernel_size)
             dense = out.numel() * fan_in
         else:
             dense = out.numel() * module.in_features
@@ -78,7 +78,7 @@ class EnergyMeter:
             self.macs[name] = self.macs.get(name, 0.0) + float(dense)
 
     def track(self, model: nn.Module) -> _Tracking:
-        """Context manager: hooks every Conv2d / Linear of ``model``, collects functional MACs."""
+        """Context manager: hooks every conv / linear of ``model``, collects functional MACs."""
         return _Tracking(self, model)
 
 
@@ -102,7 +102,7 @@ class _Tracking:
             if is_spiking_neuron(module):
                 hook = lambda m, args, out: spikes.__setitem__(id(out), out)  # noqa: E731
                 self.handles.append(module.register_forward_hook(hook))
-            elif isinstance(module, (nn.Conv2d, nn.Linear)):
+            elif isinstance(module, nn.Conv1d | nn.Conv2d | nn.Linear):
                 hook = lambda m, args, out, name=name: self.meter._record(name, m, args[0], out)  # noqa: E731
                 self.handles.append(module.register_forward_hook(hook))
         self.token = _METER.set(self.meter)

@@ -60,16 +60,24 @@ def upscale(
             f"{smallest}x{smallest} (its DSA patch size)"
         )
     scale = network_scale(model)
+    was_training = model.training
     model.eval().to(device)
+    try:
+        return _upscale(model, lr, scale, tile, overlap, smallest, device)
+    finally:
+        model.train(was_training)
+
+
+def _upscale(model, lr, scale, tile, overlap, smallest, device) -> np.ndarray:
     h, w = lr.shape[:2]
     if tile is None or (h <= tile and w <= tile):
         out = model(to_tensor(lr).to(device))
         return np.clip(to_image(out), 0.0, 1.0)
     if tile < smallest or not 0 <= overlap < tile:
         raise ValueError(f"need tile >= {smallest} and 0 <= overlap < tile, got {tile}, {overlap}")
-    tops = patch_starts(h, min(tile, h), tile - overlap)
-    lefts = patch_starts(w, min(tile, w), tile - overlap)
     th, tw = min(tile, h), min(tile, w)
+    tops = patch_starts(h, th, min(tile - overlap, th))  # a side within one tile: one tile
+    lefts = patch_starts(w, tw, min(tile - overlap, tw))
     total = np.zeros((scale * h, scale * w, 3), dtype=np.float64)
     count = np.zeros((scale * h, scale * w, 1), dtype=np.float64)
     for top in tops:

@@ -9,9 +9,12 @@ on the 0-255 scale:
 * ``crop``: drop that many pixels at every border first (BasicSR uses the scale);
 * ``round``: quantise both images to 8-bit levels first, as when they are saved to PNG.
 
-``AUTHOR`` (Y, no crop, rounded; the anchor's TTST-derived evaluation) and ``BASICSR`` (Y, crop =
-scale, rounded) are the two conventions reported. SSIM is Wang et al.'s: an 11 x 11 Gaussian
-window, sigma 1.5, ``K = (0.01, 0.03)``, valid positions only, averaged over channels.
+``AUTHOR`` (Y, no crop; the anchor's TTST-derived evaluation) and ``BASICSR`` (Y, crop = scale)
+are the two conventions reported, both on rounded 8-bit images. The anchor's script saves its
+outputs through ``np.uint8`` (truncation, a bias of half a grey level, about 0.03 dB at 32 dB) and
+MATLAB's ``rgb2ycbcr`` of a uint8 image rounds Y; here images are rounded and Y kept in float.
+SSIM is Wang et al.'s: an 11 x 11 Gaussian window, sigma 1.5, ``K = (0.01, 0.03)``, valid
+positions only, averaged over channels.
 """
 
 from __future__ import annotations

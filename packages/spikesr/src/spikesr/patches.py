@@ -2,9 +2,10 @@
 
 The patch grid is the anchor's (HPINet's): starts ``0, step, 2 step, ...`` along each axis, the
 last one clamped so the patch ends at the border, one patch when the side equals the patch size.
-``reverse`` averages every pixel over the patches that cover it (the anchor halves overlaps
-instead, which is the same wherever at most two patches overlap along an axis, as at its
-16 / 14 setting; an exact count keeps it right for any size and step).
+``reverse`` averages every pixel over the patches that cover it. The anchor halves the overlap
+strips instead, which is the same wherever at most two patches cover a pixel along an axis, but
+not where three do: at its 16 / 14 setting, sides with ``(side - 16) % 14 == 1`` (31, 45, 73, ...)
+leave a line covered three times and divided by 4.
 """
 
 from __future__ import annotations
