@@ -1,5 +1,5 @@
-"""Side by side: our multi-step LIF vs SpikingJelly 2.0's LIFNode, our vectorised patch grid vs
-the anchor's loops, and the whole network with either neuron.
+"""Side by side: our multi-step LIF vs SpikingJelly 2.0's LIFNode, our patch grid (exact overlap
+counts) vs the anchor's loops, and the whole network with either neuron.
 
 python packages/spikesr/benchmarks/bench_spikesr.py --out reports/bench/spikesr
 
@@ -89,7 +89,7 @@ def main() -> None:
     tables["patches"] = compare(
         {
             "anchor loops": lambda: anchor_reverse(anchor_divide(features, 16, 14), h, w, 14),
-            "spikesr vectorised": lambda: reverse(divide(features, 16, 14), h, w, 14),
+            "spikesr (exact coverage)": lambda: reverse(divide(features, 16, 14), h, w, 14),
         },
         baseline="anchor loops", repeat=args.repeat,
         title=f"DSA patch divide + reverse, (16, 64, {h}, {w})",

@@ -1,4 +1,4 @@
-"""The vectorised patch grid against explicit loops, its reassembly against brute-force means."""
+"""The patch grid against explicit loops, its reassembly against brute-force means."""
 
 from __future__ import annotations
 

@@ -10,6 +10,8 @@ leave a line covered three times and divided by 4.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 
@@ -27,30 +29,36 @@ def patch_starts(size: int, patch: int, step: int) -> list[int]:
     return [min(start, size - patch) for start in range(0, size + step - patch, step)]
 
 
-def _indices(h: int, w: int, patch: int, step: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    offsets = torch.arange(patch, device=device)
-    rows = torch.tensor(patch_starts(h, patch, step), device=device)[:, None] + offsets
-    cols = torch.tensor(patch_starts(w, patch, step), device=device)[:, None] + offsets
-    return rows, cols  # (nh, patch), (nw, patch)
-
-
 def divide(x: torch.Tensor, patch: int, step: int) -> torch.Tensor:
     """``(B, C, H, W)`` -> ``(B, N, C, patch, patch)``, patches in row-major order."""
-    b, c, h, w = x.shape
-    rows, cols = _indices(h, w, patch, step, x.device)
-    crops = x[:, :, rows][..., cols]  # (B, C, nh, patch, nw, patch)
-    return crops.permute(0, 2, 4, 1, 3, 5).reshape(b, -1, c, patch, patch)
+    _, _, h, w = x.shape
+    rows, cols = patch_starts(h, patch, step), patch_starts(w, patch, step)
+    # one slice per patch: at the DSA's grid (tens to hundreds of patches) this beats a gather
+    return torch.stack([x[:, :, r : r + patch, c : c + patch] for r in rows for c in cols], dim=1)
+
+
+@lru_cache(maxsize=64)
+def coverage(h: int, w: int, patch: int, step: int) -> torch.Tensor:
+    """``(H, W)``: how many patches of the grid cover each pixel (cached; do not modify)."""
+    count = torch.zeros(h, w)
+    for r in patch_starts(h, patch, step):
+        for c in patch_starts(w, patch, step):
+            count[r : r + patch, c : c + patch] += 1
+    return count
 
 
 def reverse(crops: torch.Tensor, h: int, w: int, step: int) -> torch.Tensor:
     """Inverse of :func:`divide`: ``(B, N, C, p, p)`` -> ``(B, C, H, W)``, overlaps averaged."""
     b, n, c, patch, _ = crops.shape
-    rows, cols = _indices(h, w, patch, step, crops.device)
-    nh, nw = len(rows), len(cols)
-    if n != nh * nw:
-        raise ValueError(f"{n} patches do not tile a {h}x{w} map ({nh}x{nw} expected)")
-    flat = (rows[:, :, None, None] * w + cols[None, None]).reshape(-1)  # (nh p nw p)
-    values = crops.view(b, nh, nw, c, patch, patch).permute(0, 3, 1, 4, 2, 5).reshape(b, c, -1)
-    out = crops.new_zeros(b, c, h * w).index_add(2, flat, values)
-    count = crops.new_zeros(h * w).index_add(0, flat, crops.new_ones(flat.numel()))
-    return (out / count).view(b, c, h, w)
+    rows, cols = patch_starts(h, patch, step), patch_starts(w, patch, step)
+    if n != len(rows) * len(cols):
+        raise ValueError(
+            f"{n} patches do not tile a {h}x{w} map ({len(rows)}x{len(cols)} expected)"
+        )
+    out = crops.new_zeros(b, c, h, w)
+    index = 0
+    for r in rows:
+        for col in cols:
+            out[:, :, r : r + patch, col : col + patch] += crops[:, index]
+            index += 1
+    return out.div_(coverage(h, w, patch, step).to(crops))
