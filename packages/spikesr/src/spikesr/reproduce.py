@@ -72,7 +72,7 @@ class ReproduceSettings:
 
 
 QUICK = ReproduceSettings()
-# the same networks, trained about 6x longer (about 45 minutes on 2 cores)
+# the same networks, trained about 6x longer (about 27 minutes on 2 cores)
 FULL = ReproduceSettings(
     train=TrainConfig(steps=2000, batch_size=4, lr_patch=24, lr=1e-3, halve_at=(0.5, 0.75)),
 )
