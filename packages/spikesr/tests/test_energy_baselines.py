@@ -62,7 +62,7 @@ def test_no_counting_outside_a_meter_and_hooks_removed():
     add_macs(5)  # outside a meter: a no-op
 
 
-def test_spiking_network_counts_fewer_operations_than_its_relu_twin():
+def test_spiking_network_accounts_for_every_layer_of_its_relu_twin():
     torch.manual_seed(1)
     x = torch.rand(1, 3, 16, 16)
     snn = measure_energy(SpikeSR(width=16, groups=1, blocks=1), x)

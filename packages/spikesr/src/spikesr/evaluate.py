@@ -9,7 +9,7 @@ seams, by a fraction of a grey level (measured in the tests).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -110,10 +110,7 @@ class Scores:
     per_image: dict[str, dict[str, float]]
 
     def to_dict(self) -> dict:
-        return {
-            "psnr": self.psnr, "ssim": self.ssim, "psnr_basicsr": self.psnr_basicsr,
-            "ssim_basicsr": self.ssim_basicsr, "per_image": self.per_image,
-        }  # fmt: skip
+        return asdict(self)
 
 
 def evaluate(upscaler: Upscaler, pairs: list[Pair], scale: int) -> Scores:

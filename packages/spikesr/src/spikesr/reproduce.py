@@ -22,7 +22,6 @@ attention part adds PSNR, and SpikeSR costs less energy than its ANN counterpart
 from __future__ import annotations
 
 import json
-import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,11 +33,9 @@ from kernels_common.results import Claim, ReproduceResults
 from spikesr.baselines import EDSR, edsr_width_for
 from spikesr.data import PatchSampler, benchmark_images, make_pairs, split_images
 from spikesr.energy import measure_energy
-from spikesr.evaluate import Scores, bicubic_upscaler, evaluate, model_upscaler
+from spikesr.evaluate import Scores, bicubic_upscaler, evaluate, model_upscaler, upscale
 from spikesr.model import SpikeSR, SpikeSRConfig, parameter_count
 from spikesr.train import TrainConfig, train
-
-logger = logging.getLogger(__name__)
 
 PAPER_PSNR = {"spikesr": 31.95, "edsr": 31.64, "bicubic": 29.53}  # x4, dB, the paper's average
 PAPER_HDA_GAIN = 0.12  # dB
@@ -318,7 +315,6 @@ def _plots(results, models, pairs, settings: ReproduceSettings, out: Path) -> li
 def _crops(models, pairs, settings: ReproduceSettings, path: Path) -> str:
     """A side-by-side crop of every test image: HR, bicubic and each network."""
     from kernels_common.plotting import new_figure, save_figure
-    from spikesr.evaluate import upscale
 
     scale, side = settings.network.scale, settings.crop
     columns = ["HR", "bicubic", *NETWORKS]
