@@ -236,6 +236,15 @@ CASES = [
          why="truncated weights"),
     Case("spikesr", ["train", "--out", "w.safetensors", "--lr-patch", "8"], expect="--lr-patch 8",
          why="training patches smaller than the attention patches"),
+    # qcs
+    Case("qcs", ["select", "--budget", "1.5", "--out", "s.json"], expect="1.5",
+         why="a budget above the whole pool"),
+    Case("qcs", ["select", "--epsilon", "0.5", "--out", "s.json"], expect="0.5",
+         why="elastic weights that no longer tell kept tokens from the rest"),
+    Case("qcs", ["compare", "--methods", "qcs,oracle"], expect="oracle", why="an unknown method"),
+    Case("qcs", ["finetune", "--selection", "sel.json", "--out", "a"],
+         files={"sel.json": '{"format_version": 1, "meth'}, expect="sel.json",
+         why="a truncated selection file"),
 ]  # fmt: skip
 
 
