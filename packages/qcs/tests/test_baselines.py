@@ -17,9 +17,11 @@ from qcs import (
     TrainConfig,
     add_lora,
     ifd_scores,
+    ifd_selection,
     less_scores,
     random_selection,
 )
+from qcs.selection import seeded
 from qcs.train import lora_state
 
 
@@ -32,8 +34,9 @@ def mean_nll(model, ids, start):
 def test_ifd_is_the_ratio_of_perplexities_under_the_base_model():
     tokenizer, pool, _ = tiny_task()
     base = tiny_llama(len(tokenizer), layers=3)
+    # both perplexities over the response's second to last token
     reference = [
-        math.exp(mean_nll(base, torch.cat([p, r]), len(p)) - mean_nll(base, r, 1))
+        math.exp(mean_nll(base, torch.cat([p, r]), len(p) + 1) - mean_nll(base, r, 1))
         for p, r in zip(pool.prompt_ids, pool.response_ids, strict=True)
     ]
     model = add_lora(tiny_llama(len(tokenizer), layers=3), LoraSettings(layers=1))
@@ -75,7 +78,7 @@ def test_less_scores_match_a_direct_recomputation():
 
     # the same warm-up by hand: 4 random examples, one step of Adam at lr 1e-2
     params = [p for p in model.parameters() if p.requires_grad]
-    warm = torch.randperm(len(pool), generator=torch.Generator().manual_seed(0))[:4]
+    warm = torch.randperm(len(pool), generator=seeded(0, "less-warmup"))[:4]
     optimizer = torch.optim.Adam(params, lr=1e-2)
     ids = torch.Generator().manual_seed(0)
     order = warm[torch.randperm(4, generator=ids)].tolist()
@@ -102,6 +105,13 @@ def test_less_scores_match_a_direct_recomputation():
     a = F.normalize(projector(torch.stack(rows)), dim=1)
     b = F.normalize(projector(targets), dim=1)
     torch.testing.assert_close(scores, (a @ b.T).mean(1).double(), rtol=1e-4, atol=1e-5)
+
+
+def test_ifd_ranks_scores_below_one_first():
+    scores = torch.tensor([0.5, 1.2, 0.9, 3.0, 0.7], dtype=torch.float64)
+    selection = ifd_selection(None, 0.6, scores)  # 3 of 5
+    assert selection.indices.tolist() == [0, 2, 4]
+    assert ifd_selection(None, 0.8, scores).indices.tolist() == [0, 1, 2, 4]
 
 
 def test_random_selection_is_seeded_and_sized():

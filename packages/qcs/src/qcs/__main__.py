@@ -67,7 +67,8 @@ def _select(args: argparse.Namespace) -> int:
     selection = bench.select(args.method, args.budget, config=qcs, less=less, progress=None)
     selection.settings = selection.settings | {
         "task": asdict(settings), "data": None if args.data is None else str(args.data),
-        "format": args.format, "lora_layers": args.lora_layers,
+        "format": args.format, "lora": {"r": args.lora_r, "alpha": args.lora_alpha,
+                                        "layers": args.lora_layers}, "seed": args.seed,
     }  # fmt: skip
     selection.save(args.out)
     print(json.dumps({"method": selection.method, "size": len(selection),
@@ -86,6 +87,12 @@ def _finetune(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.selection} records no task settings (not written by qcs select)")
     if selection.settings.get("data") is not None:
         args.data, args.format = Path(selection.settings["data"]), selection.settings["format"]
+    # the pool and adapters the selection was made with, not this command's defaults
+    lora = selection.settings.get("lora", {})
+    args.lora_r = lora.get("r", args.lora_r)
+    args.lora_alpha = lora.get("alpha", args.lora_alpha)
+    args.lora_layers = lora.get("layers", args.lora_layers)
+    args.seed = selection.settings.get("seed", args.seed)
     bench, _data, _tokenizer = _bench(args, TaskSettings(**task))
     row = bench.finetune(selection, train, epochs=args.epochs)
     report = {"train_loss_last": row[-1], "steps": len(row)}
@@ -206,7 +213,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     sl = sub.add_parser("select", help="one method's selection, saved as JSON")
-    sl.add_argument("--method", type=lambda t: _methods(t)[0], default="qcs")
+    sl.add_argument("--method", choices=METHOD_NAMES, default="qcs")
     sl.add_argument("--budget", type=_budget, default=0.05, help="fraction of the pool")
     sl.add_argument("--out", type=cli.output_file, required=True, help="selection JSON")
     _common(sl)

@@ -162,6 +162,9 @@ def noise_metrics(pool: TokenizedPairs, selection: Selection) -> dict[str, float
       given weight below 1/2) and ``downweight_recall`` (garbage tokens given weight below 1/2;
       0 for a method without token weights). ``None`` where the denominator is empty.
     """
+    if selection.pool_size != len(pool):
+        raise ValueError(f"the selection is over a pool of {selection.pool_size}, "
+                         f"not this one of {len(pool)}")  # fmt: skip
     chosen = torch.zeros(len(pool), dtype=torch.bool)
     chosen[selection.indices] = True
     noisy = pool.noisy_sequence

@@ -26,7 +26,7 @@ import torch
 
 from qcs.data import TokenizedPairs
 from qcs.lm import ResponseScorer
-from qcs.selection import Selection, budget_count
+from qcs.selection import Selection, budget_count, seeded
 from qcs.train import TrainConfig, finetune, load_lora_state, lora_state, trainable
 
 __all__ = [
@@ -44,7 +44,7 @@ __all__ = [
 def random_selection(pool_size: int, budget: float, seed: int = 0) -> Selection:
     """``round(budget · n)`` sequences uniformly at random (seeded)."""
     k = budget_count(budget, pool_size)
-    order = torch.randperm(pool_size, generator=torch.Generator().manual_seed(seed))
+    order = torch.randperm(pool_size, generator=seeded(seed, "random"))
     return Selection("random", order[:k], torch.full((pool_size,), k / pool_size), budget,
                      settings={"seed": seed})  # fmt: skip
 
@@ -67,13 +67,18 @@ def ifd_scores(scorer: ResponseScorer) -> torch.Tensor:
     short = [i for i, r in enumerate(data.response_ids) if len(r) < 2]
     if short:
         raise ValueError(f"IFD needs responses of >= 2 tokens; examples {short[:5]} have fewer")
-    alone = TokenizedPairs([r[:1] for r in data.response_ids], [r[1:] for r in data.response_ids],
-                           data.sources, data.answers, data.pad_id, data.prompts)  # fmt: skip
-    unconditioned = ResponseScorer(scorer.model, alone, cache_prefix=False,
-                                   batch_size=scorer.batch_size)  # fmt: skip
+    tails = [r[1:] for r in data.response_ids]
+    alone = TokenizedPairs([r[:1] for r in data.response_ids], tails, data.sources, data.answers,
+                           data.pad_id, data.prompts)  # fmt: skip
+    after_first = TokenizedPairs(
+        [torch.cat([p, r[:1]]) for p, r in zip(data.prompt_ids, data.response_ids, strict=True)],
+        tails, data.sources, data.answers, data.pad_id, data.prompts,
+    )  # fmt: skip
     with _adapters_off(scorer.model):
-        conditioned = scorer.per_example_loss()
-        alone_loss = unconditioned.per_example_loss()
+        conditioned = ResponseScorer(scorer.model, after_first, cache_prefix=False,
+                                     batch_size=scorer.batch_size).per_example_loss()  # fmt: skip
+        alone_loss = ResponseScorer(scorer.model, alone, cache_prefix=False,
+                                    batch_size=scorer.batch_size).per_example_loss()  # fmt: skip
     return torch.exp(conditioned - alone_loss)
 
 
@@ -97,7 +102,7 @@ class RademacherProjector:
     """A seeded ``(dim_in, dim_out)`` matrix of ``±1/√dim_out``, generated block by block (never
     held whole), so ``E[⟨Px, Py⟩] = ⟨x, y⟩`` (Johnson-Lindenstrauss)."""
 
-    def __init__(self, dim_in: int, dim_out: int, seed: int = 0, block: int = 16384) -> None:
+    def __init__(self, dim_in: int, dim_out: int, seed: int = 0, block: int = 4096) -> None:
         if dim_in < 1 or dim_out < 1:
             raise ValueError(f"dimensions must be positive, got {dim_in} -> {dim_out}")
         self.dim_in, self.dim_out, self.seed, self.block = dim_in, dim_out, seed, block
@@ -111,8 +116,8 @@ class RademacherProjector:
         for number, first in enumerate(range(0, self.dim_in, self.block)):
             rows = min(self.block, self.dim_in - first)
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + number)
-            signs = torch.randint(0, 2, (rows, self.dim_out), generator=generator).float()
-            out += x[:, first : first + rows].float() @ (signs * 2 - 1)
+            signs = torch.randint(0, 2, (rows, self.dim_out), generator=generator, dtype=torch.int8)
+            out += x[:, first : first + rows].float() @ (signs.float() * 2 - 1)
         return out * scale
 
 
@@ -151,7 +156,7 @@ def less_scores(pool: ResponseScorer, validation: ResponseScorer, config: LessCo
     params = trainable(model)
     initial = lora_state(model)
     n = len(pool.data)
-    warm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[
+    warm = torch.randperm(n, generator=seeded(seed, "less-warmup"))[
         : budget_count(config.warmup_fraction, n)
     ]
     per_epoch = math.ceil(len(warm) / config.train.batch_size)

@@ -141,7 +141,7 @@ def read_pairs(path: str | Path, format: str = "alpaca") -> list[InstructionPair
             raise ValueError(f"{path}:{number}: not JSON ({error.msg})") from None
         except KeyError as error:
             raise ValueError(f"{path}:{number}: missing field {error} ({format} format)") from None
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, AttributeError) as error:
             raise ValueError(f"{path}:{number}: {error}") from None
     if not pairs:
         raise ValueError(f"{path} holds no pairs")
@@ -155,8 +155,8 @@ _ITEMS = ("apples", "books", "stamps", "marbles", "coins", "pencils", "cards", "
 def arithmetic_pairs(count: int, seed: int = 0) -> list[InstructionPair]:
     """``count`` seeded arithmetic problems with a short chain of thought (the target task).
 
-    Half are two-digit sums, differences and products; half are two-step word problems
-    (``a + b · c``). Every response ends with ``The answer is N.``; ``answer`` holds ``N``.
+    Half are two-digit sums and differences and products by one digit; half are two-step word
+    problems (``a + b · c``). Every response ends with ``The answer is N.``; ``answer`` holds ``N``.
 
     Example:
         >>> arithmetic_pairs(1, seed=0)[0].response.endswith(".")
@@ -168,8 +168,8 @@ def arithmetic_pairs(count: int, seed: int = 0) -> list[InstructionPair]:
     pairs = []
     for index in range(count):
         if index % 2 == 0:
-            a, b = rng.randint(10, 99), rng.randint(10, 99)
             op = rng.choice("+-*")
+            a, b = rng.randint(10, 99), rng.randint(10, 99) if op != "*" else rng.randint(2, 9)
             if op == "-" and b > a:
                 a, b = b, a
             value = a + b if op == "+" else a - b if op == "-" else a * b

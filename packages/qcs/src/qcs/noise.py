@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from qcs.data import TokenizedPairs
+from qcs.selection import seeded
 
 __all__ = ["SEQUENCE_NOISE", "plant_noise"]
 
@@ -69,8 +70,7 @@ def plant_noise(
     if candidates.numel() < 2:
         raise ValueError("the vocabulary has fewer than two non-special tokens to draw from")
 
-    # a stream of its own: a selection seeded alike (random's randperm) must not coincide with it
-    generator = torch.Generator().manual_seed(seed + 0x5EED)
+    generator = seeded(seed, "noise")
     n = len(data)
     order = torch.randperm(n, generator=generator).tolist()
     n_sequence, n_token = round(sequence_fraction * n), round(token_fraction * n)

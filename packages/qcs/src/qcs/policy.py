@@ -47,7 +47,7 @@ class PolicyDraw:
 def sample_policy(s: torch.Tensor, pi: list[torch.Tensor] | None,
                   generator: torch.Generator) -> PolicyDraw:  # fmt: skip
     """Draw ``m ~ Bernoulli(s)`` and, for every sequence, ``z ~ Bernoulli(π_i)`` (``pi=None``:
-    sequence level only, every ``z`` is 1)."""
+    sequence level only, no token draws: every ``z`` is an empty vector)."""
     m = torch.bernoulli(s, generator=generator)
     if pi is None:
         z = [torch.ones(0)] * len(s)

@@ -55,8 +55,8 @@ QUICK = ReproduceSettings(
     task=TaskSettings(pool_general=120, pool_target=30, validation=16, heldout=32,
                       target_test=24, max_length=96, max_prompt_tokens=48),
     lora=LoraSettings(r=8, alpha=16, layers=2),
-    qcs=QCSConfig(outer_steps=12, samples=4, lr=0.1, token_lr=0.1,
-                  inner=TrainConfig(steps=1, batch_size=8, lr=2e-3)),
+    qcs=QCSConfig(outer_steps=10, samples=4, lr=0.1, token_lr=0.1,
+                  inner=TrainConfig(steps=1, batch_size=32, lr=2e-3)),
     less=LessConfig(warmup_epochs=2, projection_dim=1024, train=TrainConfig(steps=1, lr=1e-3)),
 )  # fmt: skip
 FULL = ReproduceSettings(
@@ -64,7 +64,7 @@ FULL = ReproduceSettings(
                       target_test=64, max_length=192, max_prompt_tokens=96),
     lora=LoraSettings(r=8, alpha=16, layers=4),
     qcs=QCSConfig(outer_steps=40, samples=4, lr=0.1, token_lr=0.1,
-                  inner=TrainConfig(steps=2, batch_size=8, lr=2e-3)),
+                  inner=TrainConfig(steps=2, batch_size=128, lr=2e-3)),
     less=LessConfig(warmup_epochs=4, projection_dim=8192, train=TrainConfig(steps=1, lr=1e-3)),
 )  # fmt: skip
 

@@ -11,15 +11,23 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["Selection", "budget_count"]
+__all__ = ["Selection", "budget_count", "seeded"]
 
 FORMAT_VERSION = 1
+
+
+def seeded(seed: int, stream: str) -> torch.Generator:
+    """A generator for one named use of a user's ``seed``: different uses (the noise, a random
+    selection, LESS's warm-up subset, QCS's draws) get independent streams, so two of them
+    seeded alike never pick the same examples by construction."""
+    return torch.Generator().manual_seed(int(seed) * 1_000_003 + zlib.crc32(stream.encode()))
 
 
 def budget_count(budget: float, pool_size: int) -> int:

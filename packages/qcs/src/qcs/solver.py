@@ -2,12 +2,12 @@
 
 Each outer step draws ``K`` coresets from the current policy (:mod:`qcs.policy`), trains the
 LoRA adapters from the same initial state on each drawn, token-weighted coreset for
-``inner.steps`` Adam steps (the same minibatch seed for all ``K``: common random numbers), scores
-each by the validation loss, and moves ``s`` and ``π`` by Adam along the hierarchical policy
-gradient; then ``s`` is projected onto the sequence budget ``{Σ s = k, s ∈ [δ, 1 − δ]}`` and each
-``π_i`` onto its token ratio ``{Σ_t π_it = ρ T_i}``. The final coreset is the ``k`` sequences of
-highest ``s``; in each, the ``round(ρ T_i)`` tokens of highest ``π`` get weight ``1 − ε`` and the
-rest ``ε``.
+``inner.steps`` Adam steps (the same minibatch seed for all ``K``: common random numbers),
+scores each by the validation loss, and moves ``s`` and ``π`` by Adam (or plain SGD) along the
+hierarchical policy gradient; then ``s`` is projected onto the sequence budget
+``{Σ s = k, s ∈ [δ, 1 − δ]}`` and each ``π_i`` onto its token ratio ``{Σ_t π_it = ρ T_i}``.
+The final coreset is the ``k`` sequences of highest ``s``; in each, the ``round(ρ T_i)`` tokens
+of highest ``π`` get weight ``1 − ε`` and the rest ``ε``.
 """
 
 from __future__ import annotations
@@ -23,10 +23,14 @@ from tqdm.auto import tqdm
 from qcs.lm import ResponseScorer
 from qcs.policy import BASELINES, elastic_weights, hierarchical_gradient, project_budget
 from qcs.policy import sample_policy as draw_policy
-from qcs.selection import Selection, budget_count
+from qcs.selection import Selection, budget_count, seeded
 from qcs.train import TrainConfig, finetune, load_lora_state, lora_state
 
-__all__ = ["QCSConfig", "run_qcs"]
+__all__ = ["OPTIMIZERS", "QCSConfig", "run_qcs"]
+
+# the paper states projected SGD; Adam (the default) follows the estimate's scale, which varies
+# by orders of magnitude with the range of validation losses, where SGD's step must be retuned
+OPTIMIZERS = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +57,9 @@ class QCSConfig:
         token_level: learn token weights; ``False`` is QCS at the sequence level only.
         outer_steps: policy updates.
         samples: ``K``, coresets drawn per update.
-        lr: Adam's learning rate on ``s``; ``token_lr``: on ``π``.
+        optimizer: ``"adam"`` or ``"sgd"`` (plain projected SGD, as the paper states) on ``s``
+            and ``π``, each step followed by the projections.
+        lr: its learning rate on ``s``; ``token_lr``: on ``π``.
         baseline: the score-function baseline (``leave_one_out``, ``mean``, ``none``).
         inner: the LoRA training of each drawn coreset.
         clip: probabilities stay in ``[clip, 1 − clip]`` (the score needs ``0 < p < 1``).
@@ -67,6 +73,7 @@ class QCSConfig:
     samples: int = 4
     lr: float = 0.05
     token_lr: float = 0.05
+    optimizer: str = "adam"
     baseline: str = "leave_one_out"
     inner: TrainConfig = field(default_factory=lambda: TrainConfig(steps=4, batch_size=16))
     clip: float = 1e-3
@@ -82,6 +89,10 @@ class QCSConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         for name in ("lr", "token_lr"):
             _fraction(name, getattr(self, name), low_open=True, high_open=True, high=math.inf)
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(
+                f"optimizer must be one of {tuple(OPTIMIZERS)}, got {self.optimizer!r}"
+            )
         if self.baseline not in BASELINES:
             raise ValueError(f"baseline must be one of {BASELINES}, got {self.baseline!r}")
         if self.baseline == "leave_one_out" and self.samples < 2:
@@ -92,6 +103,12 @@ class QCSConfig:
 
 def _token_targets(lengths: torch.Tensor, ratio: float) -> list[int]:
     return [max(1, round(ratio * int(n))) for n in lengths]
+
+
+def _feasible(total: float, count: int, low: float, high: float) -> float:
+    """The projection's sum: a target the box cannot reach (every token kept, the whole pool)
+    is held at the box's bound; the final rounding still takes the integer target."""
+    return min(max(total, count * low), count * high)
 
 
 def run_qcs(
@@ -113,18 +130,20 @@ def run_qcs(
     k = budget_count(config.budget, n)
     lengths = pool.data.response_lengths
     lo, hi = config.clip, 1 - config.clip
-    s = project_budget(torch.full((n,), k / n, dtype=torch.float64), k, lo, hi)
-    s = s.clamp(lo, hi).requires_grad_(False)
+    k_box = _feasible(k, n, lo, hi)
+    s = project_budget(torch.full((n,), k / n, dtype=torch.float64), k_box, lo, hi)
     targets = _token_targets(lengths, config.token_ratio)
     pi = None
     if config.token_level:
         pi = [torch.full((int(t),), min(max(target / int(t), lo), hi), dtype=torch.float64)
               for t, target in zip(lengths, targets, strict=True)]  # fmt: skip
     s_param = torch.nn.Parameter(s)
-    optim_s = torch.optim.Adam([s_param], lr=config.lr)
+    optimizer = OPTIMIZERS[config.optimizer]
+    optim_s = optimizer([s_param], lr=config.lr)
     pi_params = None if pi is None else [torch.nn.Parameter(p) for p in pi]
-    optim_pi = None if pi_params is None else torch.optim.Adam(pi_params, lr=config.token_lr)
-    generator = torch.Generator().manual_seed(seed)
+    optim_pi = None if pi_params is None else optimizer(pi_params, lr=config.token_lr)
+    token_boxes = [_feasible(t, int(n), lo, hi) for t, n in zip(targets, lengths, strict=True)]
+    generator = seeded(seed, "qcs-draws")
     initial = lora_state(pool.model)
     untrained = validation.mean_loss()
     trace = []
@@ -151,13 +170,13 @@ def run_qcs(
             s_param.grad = grad_s
             optim_s.step()
             with torch.no_grad():
-                s_param.copy_(project_budget(s_param, k, lo, hi))
+                s_param.copy_(project_budget(s_param, k_box, lo, hi))
             if optim_pi is not None:
                 for param, grad in zip(pi_params, grad_pi, strict=True):
                     param.grad = grad
                 optim_pi.step()
                 with torch.no_grad():
-                    for param, target in zip(pi_params, targets, strict=True):
+                    for param, target in zip(pi_params, token_boxes, strict=True):
                         param.copy_(project_budget(param, target, lo, hi))
             trace.append({"step": step, "mean_val_loss": float(value_tensor.mean()),
                           "min_val_loss": float(value_tensor.min()),

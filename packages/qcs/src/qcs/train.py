@@ -61,15 +61,16 @@ def load_lora_state(model, state: dict[str, torch.Tensor]) -> None:
 
 
 def minibatches(indices: torch.Tensor, config: TrainConfig, generator: torch.Generator):
-    """``config.steps`` minibatches of ``indices``: seeded epochs without replacement (a
-    selection smaller than ``batch_size`` is one full batch every step)."""
-    order: list[int] = []
-    for _ in range(config.steps):
-        if len(order) < min(config.batch_size, len(indices)):
-            order += indices[torch.randperm(len(indices), generator=generator)].tolist()
-        take = min(config.batch_size, len(indices))
-        yield order[:take]
-        order = order[take:]
+    """``config.steps`` minibatches of ``indices``: seeded epochs, each a fresh permutation cut
+    into batches of ``batch_size`` (the last one of an epoch shorter when it does not divide)."""
+    step = 0
+    while True:
+        order = indices[torch.randperm(len(indices), generator=generator)].tolist()
+        for start in range(0, len(order), config.batch_size):
+            if step == config.steps:
+                return
+            yield order[start : start + config.batch_size]
+            step += 1
 
 
 def finetune(
@@ -105,19 +106,21 @@ def finetune(
     model.train()
     every = checkpoint_every or config.steps
     batches = minibatches(indices, config, generator)
-    for step, batch in enumerate(tqdm(batches, total=config.steps, disable=_bar(progress),
-                                      desc="fine-tune", mininterval=5)):  # fmt: skip
-        loss = scorer.weighted_loss(batch, token_weights)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if config.clip_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, config.clip_norm)
-        optimizer.step()
-        losses.append(loss.item())
-        if checkpoints is not None and (step + 1) % every == 0:
-            checkpoints.append((lora_state(model), *_adam_moments(optimizer, params)))
-    optimizer.zero_grad(set_to_none=True)  # no stale gradients left on the model
-    model.eval()
+    try:
+        for step, batch in enumerate(tqdm(batches, total=config.steps, disable=_bar(progress),
+                                          desc="fine-tune", mininterval=5)):  # fmt: skip
+            loss = scorer.weighted_loss(batch, token_weights)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.clip_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, config.clip_norm)
+            optimizer.step()
+            losses.append(loss.item())
+            if checkpoints is not None and (step + 1) % every == 0:
+                checkpoints.append((lora_state(model), *_adam_moments(optimizer, params)))
+    finally:
+        optimizer.zero_grad(set_to_none=True)  # no stale gradients left on the model
+        model.eval()
     if not all(math.isfinite(v) for v in losses):
         raise FloatingPointError("fine-tuning diverged (a non-finite loss); lower the lr")
     return losses
@@ -134,7 +137,7 @@ def _bar(progress: bool | None) -> bool | None:
 
 
 @torch.no_grad()
-def exact_match(model, tokenizer, data, *, max_new_tokens: int = 48, batch_size: int = 16
+def exact_match(model, tokenizer, data, *, max_new_tokens: int = 40, batch_size: int = 16
                 ) -> float:  # fmt: skip
     """Fraction of ``data``'s examples (with gold ``answers``) whose greedy generation states
     the gold number after ``answer is``."""
