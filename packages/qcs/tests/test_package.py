@@ -173,3 +173,29 @@ def test_cli_select_then_finetune(tmp_path, capsys):
 def test_cli_refuses_bad_input(argv, expect, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert_refused(main, argv, capsys, "qcs", expect)
+
+
+class _Scripted:
+    """A stand-in LM whose greedy generation is a fixed text per prompt (left-padded batch)."""
+
+    def __init__(self, tokenizer, replies):
+        self.tokenizer, self.replies = tokenizer, replies
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, do_sample, pad_token_id):
+        assert not do_sample
+        assert (attention_mask[:, -1] == 1).all()  # left padding
+        rows = []
+        for reply in self.replies[: len(input_ids)]:
+            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"][:max_new_tokens]
+            rows.append(torch.tensor(ids + [pad_token_id] * (max_new_tokens - len(ids))))
+        self.replies = self.replies[len(input_ids) :]
+        return torch.cat([input_ids, torch.stack(rows)], dim=1)
+
+
+def test_exact_match_reads_the_generated_answer():
+    tokenizer = byte_tokenizer()
+    target = tokenize_pairs(qcs.arithmetic_pairs(3, seed=0), tokenizer, max_length=200)
+    gold = target.answers
+    replies = [f"so the answer is {gold[0]}.", "The answer is 99999.", f"answer is: {gold[2]}"]
+    model = _Scripted(tokenizer, replies)
+    assert qcs.exact_match(model, tokenizer, target, batch_size=2) == pytest.approx(2 / 3)

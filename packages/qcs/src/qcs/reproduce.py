@@ -52,8 +52,8 @@ class ReproduceSettings:
 
 
 QUICK = ReproduceSettings(
-    task=TaskSettings(pool_general=120, pool_target=30, validation=16, heldout=32,
-                      target_test=24, max_length=96, max_prompt_tokens=48),
+    task=TaskSettings(pool_general=100, pool_target=25, validation=16, heldout=32,
+                      target_test=16, max_length=96, max_prompt_tokens=48),
     lora=LoraSettings(r=8, alpha=16, layers=2),
     qcs=QCSConfig(outer_steps=10, samples=4, lr=0.1, token_lr=0.1,
                   inner=TrainConfig(steps=1, batch_size=32, lr=2e-3)),
