@@ -6,6 +6,7 @@ import pytest
 import torch
 from helpers import tiny_llama, tiny_task
 
+import qcs
 import qcs.solver as solver
 from qcs import LoraSettings, QCSConfig, TrainConfig, Workbench, run_qcs
 
@@ -70,3 +71,17 @@ def test_refuses_scorers_over_different_models(bench):
     other = Workbench(tiny_llama(len(tokenizer)), pool, validation, LoraSettings(layers=1))
     with pytest.raises(ValueError, match="share one model"):
         run_qcs(bench.pool, other.validation, QCSConfig(outer_steps=1, samples=2))
+
+
+@pytest.mark.gpu
+def test_every_method_runs_on_the_gpu():
+    """The same code on CUDA: cached prefixes, QCS, LESS's projection and IFD on the device."""
+    tokenizer, pool, validation = tiny_task()
+    model = tiny_llama(len(tokenizer)).to("cuda")
+    bench = Workbench(model, pool, validation, LoraSettings(layers=1))
+    config = QCSConfig(outer_steps=2, samples=2, inner=TrainConfig(steps=1, batch_size=4))
+    for method in ("qcs", "less", "ifd"):
+        less = qcs.LessConfig(warmup_fraction=0.5, projection_dim=32)
+        selection = bench.select(method, 0.5, config=config, less=less)
+        assert len(selection) == 4
+        assert bench.evaluate(selection, TrainConfig(steps=2, batch_size=4))["val_loss"] > 0

@@ -39,6 +39,7 @@ def _bench(args: argparse.Namespace, settings):
 
     general = read_pairs(args.data, args.format) if args.data is not None else None
     model, tokenizer = load_model(args.model)
+    model.to(args.device)
     task = build_task(tokenizer, settings, general=general)
     lora = LoraSettings(r=args.lora_r, alpha=args.lora_alpha, layers=args.lora_layers)
     bench = Workbench(model, task.pool, task.validation, lora, heldout=task.heldout,
@@ -167,6 +168,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         type=cli.existing_folder,
         help="a Hugging Face model folder (default: SmolLM2-135M-Instruct)",
     )
+    parser.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda, cuda:1...")
     parser.add_argument(
         "--data", type=cli.existing_file, help="your own JSONL of general pairs (default: ShareGPT)"
     )

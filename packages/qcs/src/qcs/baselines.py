@@ -108,16 +108,17 @@ class RademacherProjector:
         self.dim_in, self.dim_out, self.seed, self.block = dim_in, dim_out, seed, block
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """``(b, dim_in)`` -> ``(b, dim_out)`` float32."""
+        """``(b, dim_in)`` -> ``(b, dim_out)`` float32, on ``x``'s device (the signs are drawn
+        on the CPU, so every device projects alike)."""
         if x.dim() != 2 or x.shape[1] != self.dim_in:
             raise ValueError(f"expected (b, {self.dim_in}), got {tuple(x.shape)}")
-        out = torch.zeros(x.shape[0], self.dim_out)
+        out = torch.zeros(x.shape[0], self.dim_out, device=x.device)
         scale = 1 / math.sqrt(self.dim_out)
         for number, first in enumerate(range(0, self.dim_in, self.block)):
             rows = min(self.block, self.dim_in - first)
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + number)
             signs = torch.randint(0, 2, (rows, self.dim_out), generator=generator, dtype=torch.int8)
-            out += x[:, first : first + rows].float() @ (signs.float() * 2 - 1)
+            out += x[:, first : first + rows].float() @ (signs.to(x.device).float() * 2 - 1)
         return out * scale
 
 
@@ -179,7 +180,7 @@ def less_scores(pool: ResponseScorer, validation: ResponseScorer, config: LessCo
             targets = [_flat_gradient(validation, j, params) for j in range(len(validation.data))]
             train_proj = torch.nn.functional.normalize(projector(torch.stack(rows)), dim=1)
             val_proj = torch.nn.functional.normalize(projector(torch.stack(targets)), dim=1)
-            total += (train_proj @ val_proj.T).mean(1).double()
+            total += (train_proj @ val_proj.T).mean(1).double().cpu()
     finally:
         load_lora_state(model, initial)
     return total / len(checkpoints)

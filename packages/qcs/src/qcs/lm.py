@@ -132,6 +132,7 @@ class ResponseScorer:
     def __init__(self, model, data: TokenizedPairs, *, cache_prefix: bool = True,
                  batch_size: int = 16) -> None:  # fmt: skip
         self.model, self.data, self.batch_size = model, data, batch_size
+        self.device = next(model.parameters()).device
         self.start = first_adapted_layer(model) if cache_prefix else 0
         self._cache: list[torch.Tensor] | None = None
         if self.start > 0:
@@ -148,7 +149,7 @@ class ResponseScorer:
             )
             try:
                 for chunk in torch.arange(len(self.data)).split(self.batch_size):
-                    batch = self.data.batch(chunk)
+                    batch = self._batch(chunk)
                     inner(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                           use_cache=False)  # fmt: skip
                     lengths = batch["attention_mask"].sum(1).tolist()
@@ -156,6 +157,9 @@ class ResponseScorer:
             finally:
                 hook.remove()
         return states
+
+    def _batch(self, indices, token_weights=None) -> dict:
+        return {k: v.to(self.device) for k, v in self.data.batch(indices, token_weights).items()}
 
     def _hidden(self, batch: dict, indices: list[int]) -> torch.Tensor:
         mask = batch["attention_mask"]
@@ -179,7 +183,7 @@ class ResponseScorer:
         ``indices`` (in order), its NLL (differentiable when grad is enabled), its weight, and
         the position in ``indices`` of the example it belongs to."""
         idx = [int(i) for i in torch.as_tensor(indices, dtype=torch.long).reshape(-1).tolist()]
-        batch = self.data.batch(idx, token_weights)
+        batch = self._batch(idx, token_weights)
         hidden = self._hidden(batch, idx)
         where = batch["targets"] != -100
         head = base_model(self.model).lm_head
@@ -197,14 +201,15 @@ class ResponseScorer:
 
     @torch.no_grad()
     def per_example_loss(self, indices=None) -> torch.Tensor:
-        """``(k,)`` float64: each example's mean response-token NLL."""
+        """``(k,)`` float64 (on the CPU): each example's mean response-token NLL."""
         idx = torch.arange(len(self.data)) if indices is None else torch.as_tensor(indices)
         out = []
         for chunk in idx.split(self.batch_size):
             nll, _, rows = self.token_losses(chunk)
-            total = torch.zeros(len(chunk), dtype=torch.float64).index_add_(0, rows, nll.double())
+            nll, rows = nll.double().cpu(), rows.cpu()
+            total = torch.zeros(len(chunk), dtype=torch.float64).index_add_(0, rows, nll)
             count = torch.zeros(len(chunk), dtype=torch.float64).index_add_(
-                0, rows, torch.ones_like(nll, dtype=torch.float64)
+                0, rows, torch.ones_like(nll)
             )
             out.append(total / count)
         return torch.cat(out)

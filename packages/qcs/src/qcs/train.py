@@ -144,6 +144,7 @@ def exact_match(model, tokenizer, data, *, max_new_tokens: int = 40, batch_size:
     if any(a is None for a in data.answers):
         raise ValueError("exact match needs every example to carry a gold answer")
     lm = base_model(model) if not hasattr(model, "generate") else model
+    device = getattr(lm, "device", torch.device("cpu"))
     correct = 0
     pad = data.pad_id
     for chunk in torch.arange(len(data)).split(batch_size):
@@ -154,9 +155,10 @@ def exact_match(model, tokenizer, data, *, max_new_tokens: int = 40, batch_size:
         for row, p in enumerate(prompts):  # left padding for generation
             ids[row, width - len(p) :] = p
             mask[row, width - len(p) :] = 1
-        out = lm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+        out = lm.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                          max_new_tokens=max_new_tokens,
                           do_sample=False, pad_token_id=pad)  # fmt: skip
         for row, i in enumerate(chunk.tolist()):
-            text = tokenizer.decode(out[row, width:], skip_special_tokens=True)
+            text = tokenizer.decode(out[row, width:].cpu(), skip_special_tokens=True)
             correct += extract_answer(text) == data.answers[i]
     return correct / len(data)
