@@ -307,12 +307,9 @@ def _render(tokenizer, pair: InstructionPair) -> tuple[list[int], list[int], str
         )
     prompt = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
     full = tokenizer(full_text, add_special_tokens=False)["input_ids"]
-    if full[: len(prompt)] != prompt:  # a token merged across the prompt/response boundary
-        prompt_len = len(prompt)
-        full = (
-            prompt + tokenizer(full_text[len(prompt_text) :], add_special_tokens=False)["input_ids"]
-        )
-        assert len(full) > prompt_len
+    if full[: len(prompt)] != prompt:  # a token merged across the boundary: split the text there
+        rest = tokenizer(full_text[len(prompt_text) :], add_special_tokens=False)["input_ids"]
+        full = prompt + rest
     return prompt, full[len(prompt) :], prompt_text
 
 

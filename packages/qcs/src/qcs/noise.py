@@ -3,7 +3,8 @@
 Sequence-level noise corrupts a whole response (the sequence should be left out):
 
 - ``shuffle``: the responses of the chosen examples are permuted among them with no fixed point,
-  so every one answers a different prompt;
+  so every one answers a different prompt (a lone chosen example, which no permutation can
+  move, is truncated instead);
 - ``truncate``: the response keeps only its first quarter of tokens (at least one) and stops.
 
 Token-level noise (``garbage``) replaces one contiguous span of an otherwise good response
