@@ -40,13 +40,13 @@ def main() -> None:
     data = load_images("fashion-mnist")
     if args.checkpoint:
         net, config = load_checkpoint(args.checkpoint, backend="reference")
-        thresholds = config.num_thresholds
+        encoder = config.encoder()
     else:
         width, depth = (int(v) for v in args.layers.split("x"))
-        thresholds = 3
-        net = LogicNet(784 * thresholds, [width] * depth, 10, tau=10.0, backend="reference")
+        encoder = ThermometerEncoder.uniform(3)
+        net = LogicNet(784 * 3, [width] * depth, 10, tau=10.0, backend="reference")
     net.eval()
-    bits = ThermometerEncoder.uniform(thresholds)(data.x_test) > 0.5
+    bits = encoder(data.x_test) > 0.5
     bits_np = bits.numpy()
     x_float = bits.float()
     batch = bits.shape[0]

@@ -21,17 +21,18 @@ GRAD_TOL = Tolerance(atol=1e-5, rtol=1e-5)
 CASES = [(1, 5, 3), (37, 33, 70), (65, 8, 129), (3, 200, 1)]
 
 
-def make_inputs(batch, in_dim, out_dim, *, binary=False, device="cpu"):
+def make_inputs(batch, in_dim, out_dim, *, binary=False, per_example=False, device="cpu"):
     def make(gen):
         x = torch.rand(in_dim, batch, generator=gen)
         if binary:
             x = (x > 0.5).float()
         idx = torch.randint(0, in_dim, (2, out_dim), generator=gen).to(device)
+        shape = (out_dim, batch, 16) if per_example else (out_dim, 16)
         return {
             "x": x.to(device).requires_grad_(True),
             "idx_a": idx[0],
             "idx_b": idx[1],
-            "weights": torch.softmax(2 * torch.randn(out_dim, 16, generator=gen), 1)
+            "weights": torch.softmax(2 * torch.randn(shape, generator=gen), -1)
             .to(device)
             .requires_grad_(True),
         }
@@ -40,7 +41,10 @@ def make_inputs(batch, in_dim, out_dim, *, binary=False, device="cpu"):
 
 
 def fused(x, idx_a, idx_b, weights, *, backend):
-    return logic_layer(x, idx_a, idx_b, gate_coefficients(weights), backend=backend)
+    coeffs = gate_coefficients(weights)
+    if coeffs.dim() == 3:  # per-example gates: (N, B, 4) -> the op's (N, 4, B)
+        coeffs = coeffs.transpose(1, 2).contiguous()
+    return logic_layer(x, idx_a, idx_b, coeffs, backend=backend)
 
 
 @pytest.mark.parametrize("shape", CASES)
@@ -65,6 +69,29 @@ def test_triton_kernel_matches_16_term_reference(shape, triton_backend):
     )
 
 
+@pytest.mark.parametrize("shape", CASES)
+def test_cpu_per_example_coefficients_match_16_term_reference(shape):
+    """Per-example gates (noise="per_example"): every output element has its own mixture."""
+    assert_kernel_matches(
+        logic_layer_reference16,
+        functools.partial(fused, backend="reference"),
+        make_inputs(*shape, per_example=True),
+        tolerances=OUT_TOL,
+        grad_tolerances=GRAD_TOL,
+    )
+
+
+@pytest.mark.parametrize("shape", CASES)
+def test_triton_per_example_coefficients_match_16_term_reference(shape, triton_backend):
+    assert_kernel_matches(
+        logic_layer_reference16,
+        functools.partial(fused, backend=triton_backend),
+        make_inputs(*shape, per_example=True, device=device_for_backend(triton_backend)),
+        tolerances=OUT_TOL,
+        grad_tolerances=GRAD_TOL,
+    )
+
+
 def test_triton_kernel_binary_inputs_and_one_hot_gates_are_exact(triton_backend):
     gen = torch.Generator().manual_seed(0)
     x = (torch.rand(12, 40, generator=gen) > 0.5).float()
@@ -83,6 +110,7 @@ def test_triton_kernel_binary_inputs_and_one_hot_gates_are_exact(triton_backend)
         ({"x": torch.rand(3)}, ValueError, "2-D"),
         ({"x": torch.rand(4, 3, dtype=torch.float64)}, TypeError, "float32"),
         ({"coeffs": torch.rand(5, 3)}, ValueError, r"\(N, 4\)"),
+        ({"coeffs": torch.rand(5, 4, 2)}, ValueError, r"batch=3"),
         ({"idx_a": torch.full((5,), 4)}, ValueError, r"\[0, 4\)"),
         ({"idx_b": torch.zeros(5)}, TypeError, "int32 or int64"),
     ],

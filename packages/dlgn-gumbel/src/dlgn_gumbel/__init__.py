@@ -16,6 +16,7 @@ from dlgn_gumbel.layers import (
     LogicNet,
     LogicNetConfig,
     ThermometerEncoder,
+    difflogic_connections,
     make_connections,
 )
 from dlgn_gumbel.metrics import (
@@ -51,6 +52,7 @@ __all__ = [
     "__version__",
     "accuracy",
     "compile_logic_net",
+    "difflogic_connections",
     "discretization_gap",
     "gate_coefficients",
     "gate_usage",

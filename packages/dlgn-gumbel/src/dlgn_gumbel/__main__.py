@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 import time
 from pathlib import Path
 
+from dlgn_gumbel.choices import CONNECTIONS, INITS, LAYOUTS, NOISES, RELAXATIONS
 from kernels_common import cli
 
 _DATASETS = ("fashion-mnist", "mnist-5k", "digits")
@@ -76,18 +78,54 @@ def _checkpoint(text: str) -> Path:
 
 
 def _check_widths(in_bits: int, layer_sizes: tuple[int, ...], connections: str) -> None:
-    """``--connections unique`` needs each layer to read every one of its inputs."""
-    if connections != "unique":
+    """``--connections unique`` and ``difflogic`` need each layer to read every one of its
+    inputs."""
+    if connections == "random":
         return
     width = in_bits
     for i, size in enumerate(layer_sizes):
         if 2 * size < width:
             raise cli.CommandError(
-                f"--connections unique needs every layer at least half as wide as its input; "
-                f"layer {i + 1} has {size} neurons for {width} inputs (use wider --layers or "
-                "--connections random)"
+                f"--connections {connections} needs every layer at least half as wide as its "
+                f"input; layer {i + 1} has {size} neurons for {width} inputs (use wider --layers "
+                "or --connections random)"
             )
         width = size
+
+
+def _add_architecture(parser: argparse.ArgumentParser) -> None:
+    """The network's options, shared by ``train`` and ``diagnose``."""
+    parser.add_argument("--relaxation", choices=RELAXATIONS, default="gumbel")
+    parser.add_argument("--layers", type=_layers, default=(8000,) * 4, help="e.g. 8000x4")
+    parser.add_argument("--tau", type=cli.positive_float, default=10.0, help="GroupSum temperature")
+    parser.add_argument("--gumbel-tau", type=cli.positive_float, default=1.0)
+    parser.add_argument("--grad-factor", type=cli.positive_float, default=1.0)
+    parser.add_argument("--connections", choices=CONNECTIONS, default="unique")
+    parser.add_argument(
+        "--init",
+        choices=INITS,
+        default="randn",
+        help="logits N(0, 1) (randn, the published recipe) or init-sigma on gate A (residual)",
+    )
+    parser.add_argument(
+        "--init-sigma", type=_finite_float, default=5.0, help="residual init's logit of gate A"
+    )
+    parser.add_argument(
+        "--noise",
+        choices=NOISES,
+        default="shared",
+        help="one noise draw per neuron and step (shared) or per neuron and example",
+    )
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -113,6 +151,10 @@ def _train(args: argparse.Namespace) -> int:
         time_budget_s=args.time_budget,
         eval_every=args.eval_every,
         seed=args.seed,
+        init=args.init,
+        init_sigma=args.init_sigma,
+        noise=args.noise,
+        thermometer_layout=args.thermometer_layout,
     )
     pixels, num_classes = DATASET_SHAPES[args.dataset]
     try:  # e.g. the last width must split into the classes
@@ -156,7 +198,6 @@ def _train(args: argparse.Namespace) -> int:
 def _compile(args: argparse.Namespace) -> int:
     from dlgn_gumbel.compiled import compile_logic_net
     from dlgn_gumbel.data import DATASET_SHAPES, load_images
-    from dlgn_gumbel.layers import ThermometerEncoder
     from dlgn_gumbel.train import check_checkpoint, load_checkpoint
 
     # --checkpoint was checked by the parser; refuse what else can be known before any work
@@ -178,7 +219,7 @@ def _compile(args: argparse.Namespace) -> int:
     compiled.save(args.out)
     print(f"{compiled.num_gates} gates ({compiled.engine} engine) saved to {args.out}")
     if data is not None:
-        bits = ThermometerEncoder.uniform(config.num_thresholds)(data.x_test) > 0.5
+        bits = config.encoder()(data.x_test) > 0.5
         start = time.perf_counter()
         predictions = compiled.predict(bits)
         elapsed = time.perf_counter() - start
@@ -220,15 +261,17 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--dataset", choices=_DATASETS, required=True)
     tr.add_argument("--out", type=cli.output_folder, required=True, help="checkpoint folder")
     tr.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    tr.add_argument("--relaxation", choices=("gumbel", "softmax"), default="gumbel")
-    tr.add_argument("--layers", type=_layers, default=(8000,) * 4, help="e.g. 8000x4")
+    _add_architecture(tr)
     tr.add_argument(
         "--thresholds", type=cli.positive_int, default=3, help="thermometer thresholds per pixel"
     )
-    tr.add_argument("--tau", type=cli.positive_float, default=10.0, help="GroupSum temperature")
-    tr.add_argument("--gumbel-tau", type=cli.positive_float, default=1.0)
-    tr.add_argument("--grad-factor", type=cli.positive_float, default=1.0)
-    tr.add_argument("--connections", choices=("random", "unique"), default="unique")
+    tr.add_argument(
+        "--thermometer-layout",
+        choices=LAYOUTS,
+        default="feature",
+        help="feature: a pixel's bits side by side; threshold: one image per threshold (the "
+        "paper's code)",
+    )
     tr.add_argument("--lr", type=cli.positive_float, default=0.01)
     tr.add_argument("--batch-size", type=cli.positive_int, default=128)
     tr.add_argument("--steps", type=cli.positive_int, default=2000)

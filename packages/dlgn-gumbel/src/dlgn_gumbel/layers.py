@@ -7,35 +7,61 @@ gate mixture weighted by
 * ``relaxation="softmax"``: ``softmax(w)`` (difflogic, Petersen et al. 2022);
 * ``relaxation="gumbel"``: the hard one-hot ``one_hot(argmax(w + g))`` in the forward pass, with
   the gradient of ``softmax((w + g) / gumbel_tau)`` (straight-through), where ``g ~ Gumbel(0, 1)``
-  is drawn once per neuron per forward pass and shared across the batch (Yousefi et al. 2025).
+  is drawn once per neuron per forward pass and shared across the batch (Yousefi et al. 2025), or,
+  with ``noise="per_example"``, drawn independently for every example and neuron;
+* ``relaxation="dirichlet"``: a soft mixture weighted by a reparameterised sample of
+  ``Dirichlet(softplus(w))`` (the third mode of the authors' later code).
 
 In eval mode every neuron is its argmax gate, so Boolean inputs give exactly Boolean outputs.
+
+Logits start ``N(0, 1)`` (``init="randn"``, difflogic and the paper's published code) or at
+``init_sigma`` on the pass-through gate ``A`` and 0 elsewhere (``init="residual"``, the authors'
+later code), so that a deep network starts close to passing its inputs through.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
+from dlgn_gumbel.choices import (
+    CONNECTIONS,
+    INITS,
+    LAYOUTS,
+    NOISES,
+    RELAXATIONS,
+    Connections,
+    Init,
+    Layout,
+    Noise,
+    Relaxation,
+    check_choice,
+)
 from dlgn_gumbel.gates import gate_coefficients
 from dlgn_gumbel.ops import logic_layer
 from kernels_common.backend import Backend
 
 __all__ = [
+    "CONNECTIONS",
+    "INITS",
+    "LAYOUTS",
+    "NOISES",
+    "RELAXATIONS",
     "GroupSum",
     "LogicLayer",
     "LogicNet",
     "LogicNetConfig",
     "ThermometerEncoder",
+    "difflogic_connections",
     "make_connections",
 ]
 
-Connections = Literal["random", "unique"]
-Relaxation = Literal["softmax", "gumbel"]
+RESIDUAL_GATE = 3  # "A": the residual init's pass-through gate (difflogic's order)
 
 
 def make_connections(
@@ -47,10 +73,12 @@ def make_connections(
     through a random relabelling of the inputs (every input used when ``2·out_dim >= in_dim``).
     ``"unique"`` additionally guarantees ``a != b`` in every neuron and no two neurons reading the
     same unordered pair (while ``in_dim·(in_dim−1)/2 >= out_dim``); it needs ``2·out_dim >= in_dim``
-    so that every input is read.
+    so that every input is read. ``"difflogic"`` is difflogic's own ``"unique"`` construction, the
+    one the paper's code uses (see :func:`difflogic_connections`).
     """
-    if kind not in ("random", "unique"):
-        raise ValueError(f"connections must be 'random' or 'unique', got {kind!r}")
+    check_choice("connections", kind, CONNECTIONS)
+    if kind == "difflogic":
+        return difflogic_connections(in_dim, out_dim, generator)
     slots = torch.randperm(2 * out_dim, generator=generator) % in_dim
     slots = torch.randperm(in_dim, generator=generator)[slots]
     idx_a, idx_b = slots[:out_dim].clone(), slots[out_dim:].clone()
@@ -111,6 +139,44 @@ def _make_pairs_unique(
     idx_b.copy_(torch.tensor(b, dtype=idx_b.dtype))
 
 
+def difflogic_connections(
+    in_dim: int, out_dim: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """difflogic's ``"unique"`` connections (also those of the paper's code): the input pairs
+    ``(0, 1), (2, 3), ...``, then ``(1, 2), (3, 4), ...``, then every ``(i, i + d)`` for offsets
+    ``d = 2, 3, ...`` in turn, cut at ``out_dim`` pairs and handed to the neurons in a random order.
+
+    Deterministic pairs mean neighbouring inputs (with a threshold-major thermometer code, the same
+    threshold of neighbouring pixels) meet first. Needs ``2·out_dim >= in_dim`` (every input read)
+    and at most ``in_dim·(in_dim−1)/2`` neurons (every pair used once).
+    """
+    if 2 * out_dim < in_dim:
+        raise ValueError(
+            f"connections='difflogic' needs out_dim * 2 >= in_dim so every input is read; got "
+            f"in_dim={in_dim}, out_dim={out_dim}"
+        )
+    if out_dim > in_dim * (in_dim - 1) // 2:
+        raise ValueError(
+            f"connections='difflogic' pairs each two inputs at most once: out_dim={out_dim} "
+            f"exceeds the {in_dim * (in_dim - 1) // 2} pairs of in_dim={in_dim}"
+        )
+    x = torch.arange(in_dim)
+    n0 = in_dim // 2  # (0, 1), (2, 3), ...
+    n1 = (in_dim - 1) // 2  # (1, 2), (3, 4), ...
+    firsts, seconds = [x[0 : 2 * n0 : 2], x[1 : 2 * n1 + 1 : 2]], [x[1 : 2 * n0 : 2]]
+    seconds.append(x[2 : 2 * n1 + 2 : 2])
+    count, offset = n0 + n1, 2
+    while count < out_dim:  # offsets 2, 3, ...: every (i, i + offset)
+        firsts.append(x[: in_dim - offset])
+        seconds.append(x[offset:])
+        count += in_dim - offset
+        offset += 1
+    order = torch.randperm(out_dim, generator=generator)
+    idx_a = torch.cat(firsts)[:out_dim][order]
+    idx_b = torch.cat(seconds)[:out_dim][order]
+    return idx_a.contiguous(), idx_b.contiguous()
+
+
 class _GradFactor(torch.autograd.Function):
     """Identity forward; multiplies the gradient by ``factor`` (difflogic's ``grad_factor``)."""
 
@@ -138,11 +204,18 @@ class LogicLayer(nn.Module):
     Args:
         in_dim: width of the input.
         out_dim: number of neurons.
-        connections: ``"random"`` or ``"unique"`` (see :func:`make_connections`).
-        relaxation: ``"softmax"`` or ``"gumbel"``.
+        connections: ``"random"``, ``"unique"`` or ``"difflogic"`` (see
+            :func:`make_connections`).
+        relaxation: ``"softmax"``, ``"gumbel"`` or ``"dirichlet"``.
         gumbel_tau: temperature of the Gumbel-softmax gradient (the paper uses 1).
         grad_factor: multiplies the gradient flowing to the layer's input (difflogic; ~2 helps
             deep nets).
+        init: ``"randn"`` (logits ``N(0, 1)``) or ``"residual"`` (``init_sigma`` on gate ``A``,
+            0 on the other 15).
+        init_sigma: the residual init's logit of gate ``A`` (5.0 in the authors' code).
+        noise: ``"shared"`` (one draw per neuron per forward pass, as the paper) or
+            ``"per_example"`` (one draw per neuron and example) for the stochastic relaxations;
+            the softmax relaxation has no noise.
         seed: seeds the connections and the N(0, 1) logits; ``None`` uses torch's global RNG.
         backend: logic-layer backend (``None``/``"auto"``, ``"reference"``, ``"triton"``,
             ``"interpreter"``).
@@ -164,6 +237,9 @@ class LogicLayer(nn.Module):
         relaxation: Relaxation = "softmax",
         gumbel_tau: float = 1.0,
         grad_factor: float = 1.0,
+        init: Init = "randn",
+        init_sigma: float = 5.0,
+        noise: Noise = "shared",
         seed: int | None = None,
         backend: str | Backend | None = None,
     ) -> None:
@@ -171,33 +247,51 @@ class LogicLayer(nn.Module):
         for name, value in (("in_dim", in_dim), ("out_dim", out_dim)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if relaxation not in ("softmax", "gumbel"):
-            raise ValueError(f"relaxation must be 'softmax' or 'gumbel', got {relaxation!r}")
+        check_choice("relaxation", relaxation, RELAXATIONS)
+        check_choice("init", init, INITS)
+        check_choice("noise", noise, NOISES)
         if not gumbel_tau > 0:
             raise ValueError(f"gumbel_tau must be > 0, got {gumbel_tau}")
         if not grad_factor > 0:
             raise ValueError(f"grad_factor must be > 0, got {grad_factor}")
+        if not math.isfinite(init_sigma):
+            raise ValueError(f"init_sigma must be finite, got {init_sigma}")
         self.in_dim, self.out_dim = in_dim, out_dim
         self.connections, self.relaxation = connections, relaxation
         self.gumbel_tau, self.grad_factor = float(gumbel_tau), float(grad_factor)
+        self.init, self.init_sigma, self.noise = init, float(init_sigma), noise
         self.backend = backend
         generator = torch.Generator()
         generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, ()).item()))
         idx_a, idx_b = make_connections(in_dim, out_dim, connections, generator)
         self.register_buffer("idx_a", idx_a)
         self.register_buffer("idx_b", idx_b)
-        self.weights = nn.Parameter(torch.randn(out_dim, 16, generator=generator))
+        if init == "randn":
+            weights = torch.randn(out_dim, 16, generator=generator)
+        else:  # the authors' "resid": zeros, sigma on the pass-through gate A
+            weights = torch.zeros(out_dim, 16)
+            weights[:, RESIDUAL_GATE] = self.init_sigma
+        self.weights = nn.Parameter(weights)
 
-    def gate_weights(self) -> torch.Tensor:
-        """``(out_dim, 16)`` weights of the gates in this forward pass (mode-dependent)."""
+    def gate_weights(self, batch: int | None = None) -> torch.Tensor:
+        """Weights of the gates in this forward pass (mode-dependent): ``(out_dim, 16)``, or
+        ``(out_dim, batch, 16)`` for a stochastic relaxation with ``noise="per_example"`` in
+        training mode (then ``batch`` is required)."""
         w = self.weights
         if not self.training:
             return nn.functional.one_hot(w.argmax(1), 16).to(w.dtype)
         if self.relaxation == "softmax":
             return torch.softmax(w, dim=1)
+        if self.noise == "per_example":
+            if batch is None:
+                raise ValueError("noise='per_example' needs the batch size")
+            w = w[:, None, :].expand(w.shape[0], batch, 16)
+        if self.relaxation == "dirichlet":
+            alpha = nn.functional.softplus(w)
+            return torch.distributions.Dirichlet(alpha).rsample()
         perturbed = w + _sample_gumbel(w.shape, w)
-        soft = torch.softmax(perturbed / self.gumbel_tau, dim=1)
-        hard = nn.functional.one_hot(perturbed.argmax(1), 16).to(w.dtype)
+        soft = torch.softmax(perturbed / self.gumbel_tau, dim=-1)
+        hard = nn.functional.one_hot(perturbed.argmax(-1), 16).to(w.dtype)
         # forward value: exactly `hard` (soft - soft is exactly 0); gradient: that of `soft`
         return hard + (soft - soft.detach())
 
@@ -216,13 +310,16 @@ class LogicLayer(nn.Module):
         """The layer on feature-major activations: ``(in_dim, B)`` -> ``(out_dim, B)``."""
         if self.training and self.grad_factor != 1.0:
             x = _GradFactor.apply(x, self.grad_factor)
-        coeffs = gate_coefficients(self.gate_weights())
+        coeffs = gate_coefficients(self.gate_weights(x.shape[1]))
+        if coeffs.dim() == 3:  # per-example gates (N, B, 4) -> (N, 4, B), batch contiguous
+            coeffs = coeffs.transpose(1, 2).contiguous()
         return logic_layer(x, self.idx_a, self.idx_b, coeffs, backend=self.backend)
 
     def extra_repr(self) -> str:
         return (
             f"in_dim={self.in_dim}, out_dim={self.out_dim}, connections={self.connections!r}, "
-            f"relaxation={self.relaxation!r}, gumbel_tau={self.gumbel_tau}"
+            f"relaxation={self.relaxation!r}, gumbel_tau={self.gumbel_tau}, init={self.init!r}, "
+            f"noise={self.noise!r}"
         )
 
 
@@ -263,16 +360,23 @@ class ThermometerEncoder(nn.Module):
 
     Args:
         thresholds: strictly increasing thresholds ``(T,)``.
+        layout: ``"feature"`` (feature-major, ``out[:, f·T + j] = x_f > t_j``: a pixel's bits
+            side by side) or ``"threshold"`` (threshold-major, ``out[:, j·F + f]``: one whole
+            image per threshold, the paper's code's layout).
 
-    Shapes: ``(B, *F)`` -> ``(B, prod(F) · T)``, feature-major (``out[:, f·T + j] = x_f > t_j``).
+    Shapes: ``(B, *F)`` -> ``(B, prod(F) · T)``.
 
     Example:
         >>> ThermometerEncoder([0.25, 0.5, 0.75])(torch.tensor([[0.3, 0.9]]))
         tensor([[1., 0., 0., 1., 1., 1.]])
     """
 
-    def __init__(self, thresholds: Sequence[float] | torch.Tensor) -> None:
+    def __init__(
+        self, thresholds: Sequence[float] | torch.Tensor, layout: Layout = "feature"
+    ) -> None:
         super().__init__()
+        check_choice("layout", layout, LAYOUTS)
+        self.layout = layout
         t = torch.as_tensor(thresholds, dtype=torch.float32).flatten()
         if t.numel() == 0 or not torch.isfinite(t).all():
             raise ValueError("thresholds must be a non-empty sequence of finite numbers")
@@ -282,13 +386,14 @@ class ThermometerEncoder(nn.Module):
 
     @classmethod
     def uniform(
-        cls, num_thresholds: int, low: float = 0.0, high: float = 1.0
+        cls, num_thresholds: int, low: float = 0.0, high: float = 1.0, layout: Layout = "feature"
     ) -> ThermometerEncoder:
-        """``num_thresholds`` evenly spaced thresholds strictly inside ``(low, high)``."""
+        """``num_thresholds`` evenly spaced thresholds strictly inside ``(low, high)``:
+        ``low + (high - low)·(j + 1)/(T + 1)``, as the paper's code (``(j + 1)/32`` for 31)."""
         if num_thresholds < 1 or not high > low:
             raise ValueError(f"need num_thresholds >= 1 and high > low, got {num_thresholds}")
         steps = torch.arange(1, num_thresholds + 1, dtype=torch.float64) / (num_thresholds + 1)
-        return cls((low + (high - low) * steps).float())
+        return cls((low + (high - low) * steps).float(), layout=layout)
 
     @property
     def num_thresholds(self) -> int:
@@ -298,7 +403,12 @@ class ThermometerEncoder(nn.Module):
         if x.dim() < 1:
             raise ValueError("ThermometerEncoder expects (batch, *features)")
         flat = x.reshape(x.shape[0], -1).float()
+        if self.layout == "threshold":
+            return (flat[:, None, :] > self.thresholds[:, None]).reshape(x.shape[0], -1).float()
         return (flat[:, :, None] > self.thresholds).reshape(x.shape[0], -1).float()
+
+    def extra_repr(self) -> str:
+        return f"num_thresholds={self.num_thresholds}, layout={self.layout!r}"
 
 
 @dataclass(frozen=True)
@@ -314,6 +424,9 @@ class LogicNetConfig:
     gumbel_tau: float = 1.0
     grad_factor: float = 1.0
     seed: int | None = 0
+    init: Init = "randn"
+    init_sigma: float = 5.0
+    noise: Noise = "shared"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer_sizes", tuple(int(s) for s in self.layer_sizes))
@@ -330,10 +443,10 @@ class LogicNetConfig:
             )
         if not self.tau > 0:
             raise ValueError(f"tau must be > 0, got {self.tau}")
-        if self.connections not in ("random", "unique"):
-            raise ValueError(f"connections must be 'random' or 'unique', got {self.connections!r}")
-        if self.relaxation not in ("softmax", "gumbel"):
-            raise ValueError(f"relaxation must be 'softmax' or 'gumbel', got {self.relaxation!r}")
+        check_choice("connections", self.connections, CONNECTIONS)
+        check_choice("relaxation", self.relaxation, RELAXATIONS)
+        check_choice("init", self.init, INITS)
+        check_choice("noise", self.noise, NOISES)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "layer_sizes": list(self.layer_sizes)}
@@ -365,6 +478,9 @@ class LogicNet(nn.Module):
         gumbel_tau: float = 1.0,
         grad_factor: float = 1.0,
         seed: int | None = 0,
+        init: Init = "randn",
+        init_sigma: float = 5.0,
+        noise: Noise = "shared",
         backend: str | Backend | None = None,
     ) -> None:
         super().__init__()
@@ -378,6 +494,9 @@ class LogicNet(nn.Module):
             gumbel_tau,
             grad_factor,
             seed,
+            init,
+            init_sigma,
+            noise,
         )
         widths = (in_dim, *self.config.layer_sizes)
         self.layers = nn.ModuleList(
@@ -388,6 +507,9 @@ class LogicNet(nn.Module):
                 relaxation=relaxation,
                 gumbel_tau=gumbel_tau,
                 grad_factor=grad_factor,
+                init=init,
+                init_sigma=init_sigma,
+                noise=noise,
                 seed=None if seed is None else seed + i,
                 backend=backend,
             )

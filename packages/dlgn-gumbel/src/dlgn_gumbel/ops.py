@@ -32,7 +32,8 @@ def logic_layer(
         x: ``(in_dim, B)`` float32 inputs.
         idx_a: ``(N,)`` int64 indices in ``[0, in_dim)``: each neuron's first input.
         idx_b: ``(N,)`` int64 indices in ``[0, in_dim)``: each neuron's second input.
-        coeffs: ``(N, 4)`` float32 coefficients (``gate_coefficients(weights)``).
+        coeffs: ``(N, 4)`` float32 coefficients (``gate_coefficients(weights)``), or
+            ``(N, 4, B)`` for per-example gates (each example its own coefficients).
         backend: ``None``/``"auto"``, ``"triton"``, ``"interpreter"`` or ``"reference"`` (the
             vectorized PyTorch path; see :func:`kernels_common.resolve_backend`).
 
@@ -44,10 +45,14 @@ def logic_layer(
     if x.dtype != torch.float32 or coeffs.dtype != torch.float32:
         raise TypeError(f"x and coeffs must be float32, got {x.dtype} and {coeffs.dtype}")
     n_out = idx_a.shape[0]
-    if idx_a.shape != (n_out,) or idx_b.shape != (n_out,) or coeffs.shape != (n_out, 4):
+    if (
+        idx_a.shape != (n_out,)
+        or idx_b.shape != (n_out,)
+        or coeffs.shape not in ((n_out, 4), (n_out, 4, x.shape[1]))
+    ):
         raise ValueError(
-            f"idx_a, idx_b must be (N,) and coeffs (N, 4); got {tuple(idx_a.shape)}, "
-            f"{tuple(idx_b.shape)}, {tuple(coeffs.shape)}"
+            f"idx_a, idx_b must be (N,) and coeffs (N, 4) or (N, 4, batch={x.shape[1]}); got "
+            f"{tuple(idx_a.shape)}, {tuple(idx_b.shape)}, {tuple(coeffs.shape)}"
         )
     for name, idx in (("idx_a", idx_a), ("idx_b", idx_b)):
         if idx.dtype not in (torch.int32, torch.int64):

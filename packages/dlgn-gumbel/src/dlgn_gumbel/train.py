@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from dlgn_gumbel.choices import LAYOUTS
 from dlgn_gumbel.layers import LogicNet, LogicNetConfig, ThermometerEncoder
 from dlgn_gumbel.metrics import accuracy
 from kernels_common import cli
@@ -38,8 +39,10 @@ class TrainConfig:
     Attributes:
         layer_sizes: widths of the logic layers (the last divisible by the number of classes).
         num_thresholds: thermometer thresholds per pixel (evenly spaced in (0, 1)).
-        tau: GroupSum temperature; relaxation, gumbel_tau, grad_factor, connections: see
-            :class:`~dlgn_gumbel.LogicLayer`.
+        thermometer_layout: ``"feature"`` (a pixel's bits side by side) or ``"threshold"`` (one
+            image per threshold, the paper's code); see :class:`~dlgn_gumbel.ThermometerEncoder`.
+        tau: GroupSum temperature; relaxation, gumbel_tau, grad_factor, connections, init,
+            init_sigma, noise: see :class:`~dlgn_gumbel.LogicLayer`.
         lr: Adam learning rate; batch_size: mini-batch size. Defaults follow the paper's code
             (shakiryousefi/gumbel-lgn): lr 0.01, batch 128, gumbel_tau 1, grad_factor 1,
             ``"unique"`` connections.
@@ -66,10 +69,18 @@ class TrainConfig:
     eval_every: int = 200
     seed: int = 0
     clock: str = "wall"
+    init: str = "randn"
+    init_sigma: float = 5.0
+    noise: str = "shared"
+    thermometer_layout: str = "feature"
 
     def __post_init__(self) -> None:
         if self.clock not in ("wall", "process"):
             raise ValueError(f"clock must be 'wall' or 'process', got {self.clock!r}")
+        if self.thermometer_layout not in LAYOUTS:
+            raise ValueError(
+                f"thermometer_layout must be one of {LAYOUTS}, got {self.thermometer_layout!r}"
+            )
         object.__setattr__(self, "layer_sizes", tuple(int(s) for s in self.layer_sizes))
         for name in ("num_thresholds", "batch_size", "steps", "eval_every"):
             if getattr(self, name) < 1:
@@ -90,6 +101,16 @@ class TrainConfig:
             self.gumbel_tau,
             self.grad_factor,
             self.seed,
+            self.init,  # type: ignore[arg-type]
+            self.init_sigma,
+            self.noise,  # type: ignore[arg-type]
+        )
+
+    def encoder(self) -> ThermometerEncoder:
+        """The thermometer code of the inputs."""
+        return ThermometerEncoder.uniform(
+            self.num_thresholds,
+            layout=self.thermometer_layout,  # type: ignore[arg-type]
         )
 
 
@@ -211,7 +232,10 @@ def _load_model(net: LogicNet, tensors: dict[str, torch.Tensor], path: Path) -> 
 def check_resumable(meta: dict[str, Any], config: TrainConfig, directory: str | Path) -> None:
     """Refuse to resume a checkpoint whose config differs from ``config`` in more than the
     run length (``steps``, ``time_budget_s``)."""
-    saved, wanted = dict(meta["config"]), json.loads(json.dumps(asdict(config)))
+    # the saved config through TrainConfig: a checkpoint from before a field existed holds its
+    # default
+    saved = json.loads(json.dumps(asdict(TrainConfig(**meta["config"]))))
+    wanted = json.loads(json.dumps(asdict(config)))
     for key in _RUN_LENGTH_KEYS:  # a resumed run may be extended
         saved.pop(key, None)
         wanted.pop(key, None)
@@ -278,7 +302,7 @@ def train(
             f"x_train (N, F) and y_train (N,) must be non-empty and agree: {x_train.shape}, "
             f"{y_train.shape}"
         )
-    encoder = ThermometerEncoder.uniform(config.num_thresholds)
+    encoder = config.encoder()
     net = LogicNet.from_config(config.net_config(x_train.shape[1], num_classes), backend=backend)
     optim = torch.optim.Adam(net.parameters(), lr=config.lr)
     result = TrainResult(net, encoder)
