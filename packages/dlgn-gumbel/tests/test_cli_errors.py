@@ -327,3 +327,30 @@ def test_an_absurd_depth_is_refused_before_it_is_built(tmp_path, capsys):
     argv = ["train", "--dataset", "digits", "--out", str(tmp_path / "out"), "--layers"]
     for depth in ("100000000000000000000", "1000000000"):
         _refused(capsys, [*argv, f"8000x{depth}"], "--layers", "at most 10000 layers")
+
+
+# --- diagnose --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "expect"),
+    [
+        (["--draws", "1"], "need at least 2 draws"),
+        (["--noisy", "softmax"], "invalid choice"),
+        (["--init-sigma", "inf"], "expected a finite number"),
+        (["--layers", "10x2"], "at least half as wide"),
+        (["--layers", "105x2"], "divisible by num_classes"),
+    ],
+)
+def test_diagnose_refuses_a_bad_option(capsys, monkeypatch, argv, expect):
+    monkeypatch.setattr("dlgn_gumbel.data.load_images", _no_data)
+    _refused(capsys, ["diagnose", "--dataset", "digits", *argv], expect)
+
+
+def test_diagnose_refuses_architecture_options_with_a_checkpoint(capsys, checkpoint, monkeypatch):
+    monkeypatch.setattr("dlgn_gumbel.data.load_images", _no_data)
+    _refused(capsys, ["diagnose", "--dataset", "digits", "--checkpoint", str(checkpoint),
+                      "--init", "residual", "--layers", "100x2"],
+             "--layers, --init", "comes from --checkpoint")  # fmt: skip
+    _refused(capsys, ["diagnose", "--dataset", "fashion-mnist", "--checkpoint", str(checkpoint)],
+             "trained on 192 input bits", "gives 2352")  # fmt: skip

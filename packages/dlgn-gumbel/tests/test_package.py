@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
+import json
 from pathlib import Path
 
 import pytest
@@ -45,24 +47,70 @@ def _config(steps, **kwargs):
     )
 
 
-@pytest.mark.parametrize("relaxation", ["softmax", "gumbel"])
-def test_resume_continues_exactly(tmp_path, digits, relaxation):
+# the authors' settings: residual init, their connections and input layout, and the options
+AUTHORS = {"init": "residual", "connections": "difflogic", "thermometer_layout": "threshold"}
+
+
+@pytest.mark.parametrize(
+    ("relaxation", "options"),
+    [
+        ("softmax", {}),
+        ("gumbel", {}),
+        ("gumbel", {**AUTHORS, "noise": "per_example"}),
+        ("dirichlet", AUTHORS),
+    ],
+)
+def test_resume_continues_exactly(tmp_path, digits, relaxation, options):
     args = (digits.x_train, digits.y_train, digits.x_test[:100], digits.y_test[:100])
     kw = {"num_classes": 10, "backend": "reference", "progress": False}
-    full = train(_config(12, relaxation=relaxation), *args, out_dir=tmp_path / "a", **kw)
-    train(_config(7, relaxation=relaxation), *args, out_dir=tmp_path / "b", **kw)
-    resumed = train(
-        _config(12, relaxation=relaxation), *args, out_dir=tmp_path / "b", resume=True, **kw
-    )
+    config = functools.partial(_config, relaxation=relaxation, **options)
+    full = train(config(12), *args, out_dir=tmp_path / "a", **kw)
+    train(config(7), *args, out_dir=tmp_path / "b", **kw)
+    resumed = train(config(12), *args, out_dir=tmp_path / "b", resume=True, **kw)
     assert resumed.steps == 12
     for p, q in zip(full.net.parameters(), resumed.net.parameters(), strict=True):
         assert torch.equal(p, q)
-    net, config = load_checkpoint(tmp_path / "b")
-    assert config.relaxation == relaxation
+    net, loaded = load_checkpoint(tmp_path / "b")
+    assert loaded == config(12)
+    assert all(
+        getattr(net.layers[0], k) == v for k, v in options.items() if k != "thermometer_layout"
+    )
+    assert loaded.encoder().layout == options.get("thermometer_layout", "feature")
+    assert loaded.relaxation == relaxation
     assert torch.equal(net.layers[0].weights, full.net.layers[0].weights)
     with pytest.raises(ValueError, match="differs"):
         train(_config(12, relaxation="softmax", lr=0.1), *args, out_dir=tmp_path / "b",
               resume=True, **kw)  # fmt: skip
+
+
+def test_a_checkpoint_from_before_the_init_options_resumes(tmp_path, digits):
+    """Checkpoints written before ``init``, ``init_sigma``, ``noise`` and
+    ``thermometer_layout`` existed hold their defaults, and resume."""
+    args = (digits.x_train, digits.y_train, digits.x_test[:100], digits.y_test[:100])
+    kw = {"num_classes": 10, "backend": "reference", "progress": False}
+    train(_config(4), *args, out_dir=tmp_path / "old", **kw)
+    state_path = tmp_path / "old" / "checkpoint.json"
+    state = json.loads(state_path.read_text())
+    for key in ("init", "init_sigma", "noise", "thermometer_layout"):
+        del state["config"][key]
+    for key in ("init", "init_sigma", "noise"):
+        del state["net_config"][key]
+    state_path.write_text(json.dumps(state))
+    resumed = train(_config(6), *args, out_dir=tmp_path / "old", resume=True, **kw)
+    assert resumed.steps == 6
+
+
+def test_cli_diagnose_writes_its_table_as_json(tmp_path, capsys):
+    out = tmp_path / "diag.json"
+    argv = ["diagnose", "--dataset", "digits", "--layers", "100x2", "--draws", "3",
+            "--batch-size", "16", "--init", "residual", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "cos(draw, mean of 3)" in printed
+    result = json.loads(out.read_text())
+    assert result["net_config"]["init"] == "residual"
+    assert [row["layer"] for row in result["layers"]] == [1, 2]
+    assert all(-1 <= row["cos_draw_softmax"] <= 1 for row in result["layers"])
 
 
 def test_checkpoint_halves_from_different_steps_are_refused(tmp_path, digits):

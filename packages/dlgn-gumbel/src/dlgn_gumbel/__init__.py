@@ -9,6 +9,7 @@ from importlib import metadata as _metadata
 
 from dlgn_gumbel.cbuild import CompilerUnavailableError
 from dlgn_gumbel.compiled import CompiledLogicNet, compile_logic_net
+from dlgn_gumbel.diagnose import GradientAgreement, LayerAgreement, gradient_agreement
 from dlgn_gumbel.gates import GATE_COEFFS, GATE_NAMES, gate_coefficients, relaxed_gate
 from dlgn_gumbel.layers import (
     GroupSum,
@@ -42,7 +43,9 @@ __all__ = [
     "CompilerUnavailableError",
     "DiscretizationGap",
     "GateUsage",
+    "GradientAgreement",
     "GroupSum",
+    "LayerAgreement",
     "LogicLayer",
     "LogicNet",
     "LogicNetConfig",
@@ -56,6 +59,7 @@ __all__ = [
     "discretization_gap",
     "gate_coefficients",
     "gate_usage",
+    "gradient_agreement",
     "load_checkpoint",
     "logic_layer",
     "logic_layer_affine",

@@ -48,6 +48,13 @@ def _seed(text: str) -> int:
     return value
 
 
+def _draws(text: str) -> int:
+    value = cli.positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"need at least 2 draws, got {text!r}")
+    return value
+
+
 def _backend(text: str) -> str:
     """A logic-layer backend name that can run here: training runs on the CPU."""
     if text.strip().lower() not in _BACKENDS:
@@ -93,27 +100,55 @@ def _check_widths(in_bits: int, layer_sizes: tuple[int, ...], connections: str) 
         width = size
 
 
-def _add_architecture(parser: argparse.ArgumentParser) -> None:
-    """The network's options, shared by ``train`` and ``diagnose``."""
-    parser.add_argument("--relaxation", choices=RELAXATIONS, default="gumbel")
-    parser.add_argument("--layers", type=_layers, default=(8000,) * 4, help="e.g. 8000x4")
-    parser.add_argument("--tau", type=cli.positive_float, default=10.0, help="GroupSum temperature")
-    parser.add_argument("--gumbel-tau", type=cli.positive_float, default=1.0)
-    parser.add_argument("--grad-factor", type=cli.positive_float, default=1.0)
-    parser.add_argument("--connections", choices=CONNECTIONS, default="unique")
+def _add_architecture(parser: argparse.ArgumentParser, *, layers: tuple[int, ...] | None) -> None:
+    """The network's options, shared by ``train`` and ``diagnose``. ``layers=None``: no
+    defaults (``diagnose`` tells given options from absent ones)."""
+    defaults = layers is not None
+
+    def default(value):
+        return value if defaults else None
+
+    if defaults:  # diagnose compares relaxations: it has --noisy instead
+        parser.add_argument("--relaxation", choices=RELAXATIONS, default="gumbel")
+    parser.add_argument("--layers", type=_layers, default=layers, help="e.g. 8000x4")
+    parser.add_argument(
+        "--tau", type=cli.positive_float, default=default(10.0), help="GroupSum temperature"
+    )
+    parser.add_argument("--gumbel-tau", type=cli.positive_float, default=default(1.0))
+    parser.add_argument("--grad-factor", type=cli.positive_float, default=default(1.0))
+    parser.add_argument("--connections", choices=CONNECTIONS, default=default("unique"))
     parser.add_argument(
         "--init",
         choices=INITS,
-        default="randn",
+        default=default("randn"),
         help="logits N(0, 1) (randn, the published recipe) or init-sigma on gate A (residual)",
     )
     parser.add_argument(
-        "--init-sigma", type=_finite_float, default=5.0, help="residual init's logit of gate A"
+        "--init-sigma",
+        type=_finite_float,
+        default=default(5.0),
+        help="residual init's logit of gate A",
     )
+    parser.add_argument(
+        "--thresholds",
+        type=cli.positive_int,
+        default=default(3),
+        help="thermometer thresholds per pixel",
+    )
+    parser.add_argument(
+        "--thermometer-layout",
+        choices=LAYOUTS,
+        default=default("feature"),
+        help="feature: a pixel's bits side by side; threshold: one image per threshold (the "
+        "paper's code)",
+    )
+
+
+def _add_noise(parser: argparse.ArgumentParser, *, default: str | None) -> None:
     parser.add_argument(
         "--noise",
         choices=NOISES,
-        default="shared",
+        default=default,
         help="one noise draw per neuron and step (shared) or per neuron and example",
     )
 
@@ -231,6 +266,97 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
+_ARCHITECTURE = ("layers", "tau", "gumbel_tau", "grad_factor", "connections",
+                 "init", "init_sigma", "thresholds", "thermometer_layout")  # fmt: skip
+# diagnose's network when none is loaded: the quick reproduce's depth and width
+_ARCHITECTURE_DEFAULTS = {
+    "layers": (2000,) * 6,
+    "tau": 10.0,
+    "gumbel_tau": 1.0,
+    "grad_factor": 1.0,
+    "connections": "unique",
+    "init": "randn",
+    "init_sigma": 5.0,
+    "thresholds": 3,
+    "thermometer_layout": "feature",
+}
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    import torch
+
+    from dlgn_gumbel.data import DATASET_SHAPES, load_images
+    from dlgn_gumbel.diagnose import gradient_agreement
+    from dlgn_gumbel.layers import LogicNet
+    from dlgn_gumbel.train import TrainConfig, batch_indices, load_checkpoint
+
+    given = [name for name in _ARCHITECTURE if getattr(args, name) is not None]
+    pixels, num_classes = DATASET_SHAPES[args.dataset]
+    if args.checkpoint is not None:
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise cli.CommandError(f"{flags}: the network comes from --checkpoint; drop them")
+        net, config = load_checkpoint(args.checkpoint, backend="reference")
+        if net.config.in_dim != pixels * config.num_thresholds:
+            raise cli.CommandError(
+                f"{args.checkpoint} was trained on {net.config.in_dim} input bits, but "
+                f"--dataset {args.dataset} gives {pixels * config.num_thresholds}"
+            )
+    else:
+        options = {name: getattr(args, name) for name in _ARCHITECTURE}
+        options = {k: _ARCHITECTURE_DEFAULTS[k] if v is None else v for k, v in options.items()}
+        config = TrainConfig(
+            layer_sizes=options["layers"],
+            num_thresholds=options["thresholds"],
+            tau=options["tau"],
+            relaxation=args.noisy,
+            gumbel_tau=options["gumbel_tau"],
+            grad_factor=options["grad_factor"],
+            connections=options["connections"],
+            init=options["init"],
+            init_sigma=options["init_sigma"],
+            thermometer_layout=options["thermometer_layout"],
+            seed=args.seed,
+        )
+        try:
+            net_config = config.net_config(pixels, num_classes)
+        except ValueError as error:
+            raise cli.CommandError(f"--layers: {error}") from None
+        _check_widths(pixels * config.num_thresholds, config.layer_sizes, config.connections)
+        net = LogicNet.from_config(net_config, backend="reference")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    data = load_images(args.dataset)
+    idx = batch_indices(data.x_train.shape[0], args.batch_size, 0, args.seed)
+    x, y = config.encoder()(data.x_train[idx]), data.y_train[idx]
+    result = gradient_agreement(
+        net, x, y, draws=args.draws, relaxation=args.noisy, noise=args.noise, seed=args.seed
+    )
+    print(
+        f"{args.noisy} ({result.noise} noise) vs softmax logit gradients, {result.draws} draws, "
+        f"one batch of {result.batch_size} {args.dataset} images; draws of pure noise would give "
+        f"cos(draw, mean) ~ {result.pure_noise_reference:.3f}"
+    )
+    print(result.to_markdown(), end="")
+    if args.out is not None:
+        payload = {
+            "dataset": args.dataset,
+            "checkpoint": None if args.checkpoint is None else str(args.checkpoint),
+            "net_config": net.config.to_dict(),
+            "num_thresholds": config.num_thresholds,
+            "thermometer_layout": config.thermometer_layout,
+            "relaxation": result.relaxation,
+            "noise": result.noise,
+            "draws": result.draws,
+            "batch_size": result.batch_size,
+            "seed": args.seed,
+            "layers": [vars(row) for row in result.layers],
+        }
+        with cli.atomic_file(args.out) as tmp:
+            tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    return 0
+
+
 def _reproduce(args: argparse.Namespace) -> int:
     from dlgn_gumbel.reproduce import run
 
@@ -261,17 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--dataset", choices=_DATASETS, required=True)
     tr.add_argument("--out", type=cli.output_folder, required=True, help="checkpoint folder")
     tr.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    _add_architecture(tr)
-    tr.add_argument(
-        "--thresholds", type=cli.positive_int, default=3, help="thermometer thresholds per pixel"
-    )
-    tr.add_argument(
-        "--thermometer-layout",
-        choices=LAYOUTS,
-        default="feature",
-        help="feature: a pixel's bits side by side; threshold: one image per threshold (the "
-        "paper's code)",
-    )
+    _add_architecture(tr, layers=(8000,) * 4)
+    _add_noise(tr, default="shared")
     tr.add_argument("--lr", type=cli.positive_float, default=0.01)
     tr.add_argument("--batch-size", type=cli.positive_int, default=128)
     tr.add_argument("--steps", type=cli.positive_int, default=2000)
@@ -298,6 +415,33 @@ def main(argv: list[str] | None = None) -> int:
     co.add_argument("--engine", choices=("auto", "c", "numpy"), default="auto")
     co.add_argument("--dataset", choices=_DATASETS, default=None)
     co.set_defaults(func=_compile)
+
+    dg = sub.add_parser(
+        "diagnose",
+        help="per layer: how well noisy logit gradients agree with the softmax gradient",
+        description="One batch; the softmax gradient of each layer's logits against --draws "
+        "noisy gradients of --noisy. Prints per layer cos(draw, softmax), cos(draw, mean of the "
+        "draws) and cos(mean, softmax). The network is new (the architecture options; default "
+        "2000x6, N(0, 1) logits) or loaded from --checkpoint.",
+    )
+    dg.add_argument("--dataset", choices=_DATASETS, required=True)
+    dg.add_argument("--checkpoint", type=_checkpoint, default=None, help="a `train` --out folder")
+    _add_architecture(dg, layers=None)
+    _add_noise(dg, default=None)
+    dg.add_argument(
+        "--noisy",
+        choices=("gumbel", "dirichlet"),
+        default="gumbel",
+        help="the stochastic relaxation whose gradients are compared with softmax's",
+    )
+    dg.add_argument("--draws", type=_draws, default=64)
+    dg.add_argument("--batch-size", type=cli.positive_int, default=128)
+    dg.add_argument("--seed", type=_seed, default=0)
+    dg.add_argument("--out", type=cli.output_file, default=None, help="write the result as JSON")
+    dg.add_argument(
+        "--threads", type=cli.nonnegative_int, default=0, help="torch threads (0: torch's default)"
+    )
+    dg.set_defaults(func=_diagnose)
 
     rp = sub.add_parser("reproduce", help="softmax vs Gumbel on Fashion-MNIST, paper claims")
     rp.add_argument(

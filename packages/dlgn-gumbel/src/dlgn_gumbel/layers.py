@@ -295,6 +295,17 @@ class LogicLayer(nn.Module):
         # forward value: exactly `hard` (soft - soft is exactly 0); gradient: that of `soft`
         return hard + (soft - soft.detach())
 
+    def gate_distribution(self) -> torch.Tensor:
+        """``(out_dim, 16)`` probabilities of each neuron's gates under its logits, without
+        noise: ``softmax(w)`` for the softmax and Gumbel relaxations (for Gumbel, exactly the
+        distribution of the sampled gate ``argmax(w + g)``), the mean ``softplus(w) / sum`` of
+        the Dirichlet relaxation's samples."""
+        w = self.weights
+        if self.relaxation == "dirichlet":
+            alpha = nn.functional.softplus(w)
+            return alpha / alpha.sum(1, keepdim=True)
+        return torch.softmax(w, dim=1)
+
     def gates(self) -> torch.Tensor:
         """``(out_dim,)`` int64 argmax gate of each neuron (the discretized network)."""
         return self.weights.detach().argmax(1)

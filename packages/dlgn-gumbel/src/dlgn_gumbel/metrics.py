@@ -63,48 +63,113 @@ def discretization_gap(
 
 @dataclass(frozen=True)
 class GateUsage:
-    """Gate statistics of the discretized network.
+    """Gate statistics of a network, under each definition of an "unused" neuron.
+
+    Structural counts, from the discretized (argmax-gate) network:
 
     Attributes:
         gate_counts: ``{gate name: count}`` over all neurons (all 16 names present).
         total: number of neurons.
-        pass_through_or_constant: neurons whose gate is 0, 1, A, B, not A or not B.
+        constant: neurons whose gate is ``0`` or ``1`` (reads neither input).
+        pass_through: neurons whose gate is ``A`` or ``B`` (copies one input).
+        negation: neurons whose gate is ``not A`` or ``not B`` (inverts one input).
+        pass_through_or_constant: the sum of the three above (the gate ignores an input).
         dead: neurons with no path to any output through gates that read them.
-        unused: neurons that are pass-through/constant, dead, or both.
+        unused: neurons that are pass-through/negation/constant, dead, or both -- the
+            structural definition: a neuron whose removal (rewiring its reader to its input, or
+            to a constant) leaves the discretized network's function unchanged.
         per_layer_dead: dead count per layer.
+
+    From the gate distributions the logits define (``softmax(w)``: the softmax relaxation's
+    mixture and exactly the Gumbel sampler's distribution of ``argmax(w + g)``; the Dirichlet
+    relaxation's mean ``softplus(w) / sum``):
+
+    Attributes:
+        uncollapsed: neurons whose most probable gate has probability below
+            ``collapse_threshold`` -- a neuron that has not settled on one gate; the paper
+            describes unused neurons by how far their gate distribution is from collapsing.
+        collapse_threshold: the probability used for ``uncollapsed``.
+        mean_entropy_bits: mean entropy of the neurons' gate distributions, in bits (0 when
+            every neuron is certain, 4 when uniform over the 16 gates).
+        per_layer_uncollapsed: uncollapsed count per layer.
     """
 
     gate_counts: dict[str, int]
     total: int
-    pass_through_or_constant: int
+    constant: int
+    pass_through: int
+    negation: int
     dead: int
     unused: int
     per_layer_dead: tuple[int, ...]
+    uncollapsed: int
+    collapse_threshold: float
+    mean_entropy_bits: float
+    per_layer_uncollapsed: tuple[int, ...]
+
+    @property
+    def pass_through_or_constant(self) -> int:
+        return self.constant + self.pass_through + self.negation
 
     @property
     def unused_fraction(self) -> float:
         return self.unused / self.total
 
+    @property
+    def uncollapsed_fraction(self) -> float:
+        return self.uncollapsed / self.total
 
-def gate_usage(net) -> GateUsage:
-    """Gate types, pass-through/constant and dead neurons of ``net``'s argmax gates."""
+
+CONSTANT_GATES = frozenset({0, 15})
+PASS_THROUGH_GATES = frozenset({3, 5})  # A, B
+NEGATION_GATES = frozenset({10, 12})  # not B, not A
+
+
+def gate_usage(net, *, collapse_threshold: float = 0.5) -> GateUsage:
+    """Gate types, constant / pass-through / negation, dead and uncollapsed neurons of ``net``.
+
+    Args:
+        net: a :class:`~dlgn_gumbel.LogicNet`.
+        collapse_threshold: a neuron is uncollapsed while its most probable gate has probability
+            below this (default 0.5: no gate holds a majority). This threshold is this package's
+            choice; the paper reports the distribution of the gate entropies.
+    """
+    if not 0 < collapse_threshold <= 1:
+        raise ValueError(f"collapse_threshold must be in (0, 1], got {collapse_threshold}")
     layers = discretize(net)
     masks = alive_masks(layers, net.config.in_dim)
     counts = Counter()
-    trivial = dead = unused = 0
-    per_layer = []
-    for layer, alive in zip(layers, masks[1:], strict=True):
+    kinds = {"constant": 0, "pass_through": 0, "negation": 0}
+    dead = unused = 0
+    per_layer_dead, per_layer_uncollapsed = [], []
+    entropy_sum = 0.0
+    for module, layer, alive in zip(net.layers, layers, masks[1:], strict=True):
         counts.update(int(g) for g in layer.gates)
+        for kind, gates in (
+            ("constant", CONSTANT_GATES),
+            ("pass_through", PASS_THROUGH_GATES),
+            ("negation", NEGATION_GATES),
+        ):
+            kinds[kind] += int(np.isin(layer.gates, sorted(gates)).sum())
         is_trivial = np.isin(layer.gates, sorted(PASS_THROUGH_OR_CONSTANT))
-        trivial += int(is_trivial.sum())
-        per_layer.append(int((~alive).sum()))
-        dead += per_layer[-1]
+        per_layer_dead.append(int((~alive).sum()))
+        dead += per_layer_dead[-1]
         unused += int((is_trivial | ~alive).sum())
+        with torch.no_grad():
+            probs = module.gate_distribution().double()
+            per_layer_uncollapsed.append(int((probs.max(1).values < collapse_threshold).sum()))
+            logs = torch.where(probs > 0, probs.log2(), torch.zeros_like(probs))
+            entropy_sum += float(-(probs * logs).sum())
+    total = sum(layer.width for layer in layers)
     return GateUsage(
-        {name: counts.get(i, 0) for i, name in enumerate(GATE_NAMES)},
-        sum(layer.width for layer in layers),
-        trivial,
-        dead,
-        unused,
-        tuple(per_layer),
+        gate_counts={name: counts.get(i, 0) for i, name in enumerate(GATE_NAMES)},
+        total=total,
+        **kinds,
+        dead=dead,
+        unused=unused,
+        per_layer_dead=tuple(per_layer_dead),
+        uncollapsed=sum(per_layer_uncollapsed),
+        collapse_threshold=float(collapse_threshold),
+        mean_entropy_bits=entropy_sum / total,
+        per_layer_uncollapsed=tuple(per_layer_uncollapsed),
     )

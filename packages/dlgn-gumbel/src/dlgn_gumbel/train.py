@@ -129,7 +129,7 @@ class TrainResult:
     train_time_s: float = 0.0
 
 
-def _batch_indices(n: int, batch_size: int, step: int, seed: int) -> torch.Tensor:
+def batch_indices(n: int, batch_size: int, step: int, seed: int) -> torch.Tensor:
     """Mini-batch of ``step``: a slice of epoch ``e``'s permutation, seeded by ``(seed, e)``."""
     per_epoch = max(n // batch_size, 1)
     epoch, position = divmod(step, per_epoch)
@@ -362,7 +362,7 @@ def train(
                 break
             start = clock()
             net.train()
-            idx = _batch_indices(x_train.shape[0], config.batch_size, result.steps, config.seed)
+            idx = batch_indices(x_train.shape[0], config.batch_size, result.steps, config.seed)
             torch.manual_seed(config.seed * 7_919 + result.steps)  # this step's Gumbel noise
             loss = torch.nn.functional.cross_entropy(net(encoder(x_train[idx])), y_train[idx])
             optim.zero_grad(set_to_none=True)
