@@ -96,6 +96,10 @@ CASES = [
          expect="checkpoint.safetensors", why="tensors that are not safetensors"),
     Case("dlgn-gumbel", ["reproduce", "--threads", "-1"], expect="-1",
          why="a negative thread count"),
+    Case("dlgn-gumbel", ["diagnose", "--dataset", "digits", "--draws", "1"], expect="'1'",
+         why="one gradient draw has no mean to compare with"),
+    Case("dlgn-gumbel", [*DLGN_TRAIN, "--init", "dirichlet"], expect="dirichlet",
+         why="an init the layers do not have (Dirichlet is a relaxation)"),
     # scaling-laws
     Case("scaling-laws", ["diloco", "--steps", "0"], expect="'0'", why="zero training steps"),
     Case("scaling-laws", ["diloco", "--replicas", "0"], expect="--replicas", why="zero replicas"),

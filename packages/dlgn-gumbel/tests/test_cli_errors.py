@@ -107,6 +107,12 @@ def test_train_refuses_an_architecture_before_loading_data(tmp_path, capsys, mon
     _refused(capsys, [*argv, "--layers", "105x2"], "105", "divisible")
     # "unique" connections need each layer half as wide as its 64 x 3 = 192 input bits
     _refused(capsys, [*argv, "--layers", "20x2", "--connections", "unique"], "192", "unique")
+    _refused(capsys, [*argv, "--layers", "20x2", "--connections", "difflogic"], "192", "difflogic")
+    # options that would be recorded but have no effect are refused, not ignored
+    _refused(capsys, [*argv, "--init-sigma", "3"], "--init-sigma 3", "--init residual")
+    _refused(capsys, [*argv, "--relaxation", "softmax", "--noise", "per_example"],
+             "--noise per_example", "softmax")  # fmt: skip
+    _refused(capsys, [*argv, "--init", "dirichlet"], "--init", "dirichlet")
     _nothing_in(tmp_path)
 
 
@@ -340,6 +346,7 @@ def test_an_absurd_depth_is_refused_before_it_is_built(tmp_path, capsys):
         (["--init-sigma", "inf"], "expected a finite number"),
         (["--layers", "10x2"], "at least half as wide"),
         (["--layers", "105x2"], "divisible by num_classes"),
+        (["--init-sigma", "2"], "needs --init residual"),
     ],
 )
 def test_diagnose_refuses_a_bad_option(capsys, monkeypatch, argv, expect):

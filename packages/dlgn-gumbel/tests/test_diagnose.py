@@ -84,6 +84,7 @@ def test_pure_noise_reference_and_table():
         ({"draws": 1}, "draws must be an int >= 2"),
         ({"relaxation": "tanh"}, "relaxation must be one of"),
         ({"noise": "batch"}, "noise must be one of"),
+        ({"relaxation": "softmax", "noise": "per_example"}, "not 'softmax'"),
     ],
 )
 def test_bad_input(kwargs, match):

@@ -149,6 +149,13 @@ def test_per_example_noise_is_a_hard_gate_per_example_with_its_own_gradient():
     torch.testing.assert_close(grad_w, expected, atol=1e-5, rtol=1e-4)
 
 
+def test_per_example_noise_needs_a_stochastic_relaxation():
+    with pytest.raises(ValueError, match="draws no noise"):
+        LogicLayer(8, 4, relaxation="softmax", noise="per_example")
+    with pytest.raises(ValueError, match="draws no noise"):
+        LogicNet(8, [10], 2, relaxation="softmax", noise="per_example")
+
+
 def test_per_example_noise_differs_across_identical_examples():
     layer = LogicLayer(8, 400, relaxation="gumbel", noise="per_example", seed=0).train()
     x = (torch.rand(1, 8, generator=torch.Generator().manual_seed(0)) > 0.5).float()

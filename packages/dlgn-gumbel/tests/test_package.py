@@ -5,8 +5,11 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -156,7 +159,10 @@ def test_cli_train_then_compile(tmp_path, capsys):
     assert "images/s" in printed
 
 
-def test_reproduce_pipeline_tiny(tmp_path):
+def test_reproduce_pipeline_tiny(tmp_path, monkeypatch):
+    # the CPU path users run (the test sessions' TRITON_INTERPRET=1 would pick the interpreter,
+    # too slow for the 1 s budgets to reach a shared evaluation step)
+    monkeypatch.setenv("KERNELS_COMMON_BACKEND", "reference")
     from dlgn_gumbel.reproduce import ReproduceSettings, _reduction, _time_to, run
     from kernels_common.results import ReproduceResults
 
@@ -168,12 +174,18 @@ def test_reproduce_pipeline_tiny(tmp_path):
     ]
     assert _time_to(history, 0.5) == 2.0
     assert _time_to(history, 0.7) == float("inf")
+    with pytest.raises(ValueError, match="at least 1176 wide"):
+        ReproduceSettings(None, None, (2000,) * 6, 1.0, 5, sweep_widths=(1000, 2000))
     tiny = ReproduceSettings(
         train_subset=600,
         test_subset=200,
         layer_sizes=(200, 100),
         budget_s=1.0,
         eval_every=5,
+        sweep_depths=(1, 2),
+        sweep_widths=(100,),
+        sweep_steps=3,
+        diagnose_draws=2,
         connections="random",  # "unique" needs 2 * width >= 2352 input bits
     )
     results = run(tmp_path, settings=tiny)
@@ -183,3 +195,51 @@ def test_reproduce_pipeline_tiny(tmp_path):
     assert exact.passed
     assert (tmp_path / "summary.md").is_file()
     assert all((tmp_path / f).is_file() for f in results.figures)
+    settings = loaded.settings
+    assert set(settings["runs"]) == {"softmax", "gumbel", "softmax+residual", "gumbel+residual"}
+    assert len(settings["sweep"]) == 2 * 3  # depths x the three sweep arms
+    assert set(settings["gradient_agreement"]) == {
+        "randn, shared noise", "randn, per_example noise",
+        "residual, shared noise", "residual, per_example noise",
+    }  # fmt: skip
+    step = settings["equal_step"]
+    assert step is not None
+    for row in settings["runs"].values():  # every arm's row at the shared step is from its run
+        assert row["equal_steps"] == next(h for h in row["history"] if h["step"] == step)
+
+
+def test_paper_width_script_smoke(tmp_path):
+    """The GPU script for the authors' width, shrunk to a CPU run: it trains the three arms with
+    the authors' settings and reports the claims."""
+    script = Path(__file__).parents[1] / "benchmarks" / "paper_width.py"
+    data = tmp_path / "fmnist.npz"
+    gen = np.random.default_rng(0)
+    np.savez_compressed(
+        data,
+        x_train=gen.integers(0, 256, (300, 784), dtype=np.uint8),
+        y_train=gen.integers(0, 10, 300),
+        x_test=gen.integers(0, 256, (100, 784), dtype=np.uint8),
+        y_test=gen.integers(0, 10, 100),
+    )
+    out = tmp_path / "report"
+    subprocess.run(
+        [sys.executable, str(script), "--smoke", "--data", str(data), "--out", str(out)],
+        check=True,
+        capture_output=True,
+    )
+    report = json.loads((out / "paper_width.json").read_text())
+    assert set(report["runs"]) == {"softmax", "gumbel", "softmax+residual", "gumbel+residual"}
+    assert set(report["claims"]) == {"softmax vs gumbel", "softmax+residual vs gumbel+residual"}
+    assert report["runs"]["gumbel"]["neurons"] == 2 * 1200
+
+
+@pytest.mark.gpu
+def test_training_on_cuda_follows_the_cpu_run(digits):
+    """Softmax training is deterministic: 5 steps on CUDA (Triton kernel) and on the CPU end at
+    the same logits up to float32 reordering (atomics; 1e-4 after 5 Adam steps of lr 0.01)."""
+    args = (digits.x_train, digits.y_train, digits.x_test[:100], digits.y_test[:100])
+    config = _config(5, relaxation="softmax")
+    cpu = train(config, *args, num_classes=10, backend="reference", progress=False)
+    gpu = train(config, *args, num_classes=10, progress=False, device="cuda")
+    for p, q in zip(cpu.net.parameters(), gpu.net.parameters(), strict=True):
+        torch.testing.assert_close(q.cpu(), p, atol=1e-4, rtol=0)

@@ -123,6 +123,8 @@ def gradient_agreement(
     check_choice("relaxation", relaxation, RELAXATIONS)
     if noise is not None:
         check_choice("noise", noise, NOISES)
+        if relaxation == "softmax":
+            raise ValueError("noise applies to a stochastic relaxation, not 'softmax'")
     if not isinstance(draws, int) or draws < 2:
         raise ValueError(f"draws must be an int >= 2, got {draws!r}")
     if x.dim() != 2 or x.shape[0] != y.shape[0] or x.shape[0] == 0:

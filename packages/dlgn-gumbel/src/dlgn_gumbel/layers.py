@@ -43,7 +43,7 @@ from dlgn_gumbel.choices import (
     check_choice,
 )
 from dlgn_gumbel.gates import gate_coefficients
-from dlgn_gumbel.ops import logic_layer
+from dlgn_gumbel.ops import check_index_range, logic_layer
 from kernels_common.backend import Backend
 
 __all__ = [
@@ -62,6 +62,14 @@ __all__ = [
 ]
 
 RESIDUAL_GATE = 3  # "A": the residual init's pass-through gate (difflogic's order)
+
+
+def _check_noise(noise: str, relaxation: str) -> None:
+    if noise == "per_example" and relaxation == "softmax":
+        raise ValueError(
+            "noise='per_example' needs a stochastic relaxation ('gumbel' or 'dirichlet'); the "
+            "softmax relaxation draws no noise"
+        )
 
 
 def make_connections(
@@ -256,6 +264,7 @@ class LogicLayer(nn.Module):
             raise ValueError(f"grad_factor must be > 0, got {grad_factor}")
         if not math.isfinite(init_sigma):
             raise ValueError(f"init_sigma must be finite, got {init_sigma}")
+        _check_noise(noise, relaxation)
         self.in_dim, self.out_dim = in_dim, out_dim
         self.connections, self.relaxation = connections, relaxation
         self.gumbel_tau, self.grad_factor = float(gumbel_tau), float(grad_factor)
@@ -324,7 +333,15 @@ class LogicLayer(nn.Module):
         coeffs = gate_coefficients(self.gate_weights(x.shape[1]))
         if coeffs.dim() == 3:  # per-example gates (N, B, 4) -> (N, 4, B), batch contiguous
             coeffs = coeffs.transpose(1, 2).contiguous()
-        return logic_layer(x, self.idx_a, self.idx_b, coeffs, backend=self.backend)
+        # the indices were checked when built or loaded: no per-call device synchronisation
+        return logic_layer(
+            x, self.idx_a, self.idx_b, coeffs, backend=self.backend, check_indices=False
+        )
+
+    def _load_from_state_dict(self, state_dict, prefix, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        for name in ("idx_a", "idx_b"):
+            check_index_range(f"{prefix}{name}", getattr(self, name), self.in_dim)
 
     def extra_repr(self) -> str:
         return (
@@ -458,6 +475,7 @@ class LogicNetConfig:
         check_choice("relaxation", self.relaxation, RELAXATIONS)
         check_choice("init", self.init, INITS)
         check_choice("noise", self.noise, NOISES)
+        _check_noise(self.noise, self.relaxation)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "layer_sizes": list(self.layer_sizes)}

@@ -17,18 +17,21 @@ __all__ = ["DiscretizationGap", "GateUsage", "accuracy", "discretization_gap", "
 @torch.no_grad()
 def accuracy(net, x: torch.Tensor, y: torch.Tensor, *, train_mode: bool, batch_size: int = 1024):
     """Accuracy of ``net`` on ``(x, y)`` in training mode (relaxed, or Gumbel-sampled with one
-    sample per batch) or eval mode (discretized); the module's mode is restored afterwards."""
+    sample per batch) or eval mode (discretized); the module's mode is restored afterwards. Each
+    batch is moved to the network's device."""
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if x.shape[0] != y.shape[0] or x.shape[0] == 0:
         raise ValueError(f"x and y need the same non-zero length, got {x.shape[0]}, {y.shape[0]}")
     was_training = net.training
     net.train(train_mode)
+    device = next(net.parameters()).device
     try:
         correct = 0
         for start in range(0, x.shape[0], batch_size):
-            scores = net(x[start : start + batch_size])
-            correct += int((scores.argmax(1) == y[start : start + batch_size]).sum())
+            scores = net(x[start : start + batch_size].to(device))
+            predicted = scores.argmax(1).cpu()
+            correct += int((predicted == y[start : start + batch_size].cpu()).sum())
     finally:
         net.train(was_training)
     return correct / x.shape[0]
@@ -76,8 +79,8 @@ class GateUsage:
         pass_through_or_constant: the sum of the three above (the gate ignores an input).
         dead: neurons with no path to any output through gates that read them.
         unused: neurons that are pass-through/negation/constant, dead, or both -- the
-            structural definition: a neuron whose removal (rewiring its reader to its input, or
-            to a constant) leaves the discretized network's function unchanged.
+            structural definition: a neuron that computes no two-input function, or whose value
+            reaches no output.
         per_layer_dead: dead count per layer.
 
     From the gate distributions the logits define (``softmax(w)``: the softmax relaxation's

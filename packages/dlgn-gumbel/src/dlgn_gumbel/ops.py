@@ -7,7 +7,7 @@ import torch
 from dlgn_gumbel.reference import logic_layer_affine
 from kernels_common.backend import Backend, KernelOp
 
-__all__ = ["logic_layer", "logic_layer_op"]
+__all__ = ["check_index_range", "logic_layer", "logic_layer_op"]
 
 logic_layer_op = KernelOp(
     name="dlgn_logic_layer",
@@ -23,6 +23,7 @@ def logic_layer(
     coeffs: torch.Tensor,
     *,
     backend: str | Backend | None = None,
+    check_indices: bool = True,
 ) -> torch.Tensor:
     """Affine logic layer ``y[n] = c0 + c1·a + c2·b + c3·ab`` (``a = x[idx_a[n]]``, ...).
 
@@ -36,6 +37,9 @@ def logic_layer(
             ``(N, 4, B)`` for per-example gates (each example its own coefficients).
         backend: ``None``/``"auto"``, ``"triton"``, ``"interpreter"`` or ``"reference"`` (the
             vectorized PyTorch path; see :func:`kernels_common.resolve_backend`).
+        check_indices: check that the indices lie in ``[0, in_dim)`` (their minimum and maximum:
+            a device synchronisation on a GPU). :class:`~dlgn_gumbel.LogicLayer` checks its own
+            once, when they are built or loaded, and passes ``False``.
 
     Returns:
         ``(N, B)`` float32, differentiable in ``x`` and ``coeffs``.
@@ -57,6 +61,12 @@ def logic_layer(
     for name, idx in (("idx_a", idx_a), ("idx_b", idx_b)):
         if idx.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"{name} must be int32 or int64, got {idx.dtype}")
-        if n_out and (int(idx.min()) < 0 or int(idx.max()) >= x.shape[0]):
-            raise ValueError(f"{name} must index rows of x, i.e. lie in [0, {x.shape[0]})")
+        if check_indices:
+            check_index_range(name, idx, x.shape[0])
     return logic_layer_op(x, idx_a, idx_b, coeffs, backend=backend)
+
+
+def check_index_range(name: str, idx: torch.Tensor, size: int) -> None:
+    """Raise ``ValueError`` unless every entry of ``idx`` lies in ``[0, size)``."""
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= size):
+        raise ValueError(f"{name} must index rows of x, i.e. lie in [0, {size})")

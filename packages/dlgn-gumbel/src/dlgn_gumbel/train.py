@@ -43,16 +43,17 @@ class TrainConfig:
             image per threshold, the paper's code); see :class:`~dlgn_gumbel.ThermometerEncoder`.
         tau: GroupSum temperature; relaxation, gumbel_tau, grad_factor, connections, init,
             init_sigma, noise: see :class:`~dlgn_gumbel.LogicLayer`.
-        lr: Adam learning rate; batch_size: mini-batch size. Defaults follow the paper's code
-            (shakiryousefi/gumbel-lgn): lr 0.01, batch 128, gumbel_tau 1, grad_factor 1,
-            ``"unique"`` connections.
+        lr: Adam learning rate; batch_size: mini-batch size. lr 0.01, gumbel_tau 1 and
+            grad_factor 1 are the paper's code's (shakiryousefi/gumbel-lgn); batch 128 is
+            difflogic's (the paper's configurations use 64); ``"unique"`` connections (the
+            paper's code uses difflogic's construction, ``"difflogic"``).
         steps: maximum number of steps; time_budget_s: stop once this much training time (not
             counting evaluation) has passed, if set.
         eval_every: evaluate training-mode and discretized accuracy every this many steps.
         seed: seeds the network, the batches and the Gumbel noise.
-        clock: ``"wall"`` (``time.perf_counter``) or ``"process"`` (this process's CPU time,
-            ``time.process_time``): the fair clock for comparing runs on a shared machine when
-            torch uses one thread.
+        clock: ``"wall"`` (``time.perf_counter``; on a GPU each step is timed to its end) or
+            ``"process"`` (this process's CPU time, ``time.process_time``): the fair clock for
+            comparing CPU runs on a shared machine when torch uses one thread.
     """
 
     layer_sizes: tuple[int, ...] = (8000,) * 4
@@ -142,11 +143,11 @@ def _save(directory: Path, net: LogicNet, optim: torch.optim.Optimizer, meta: di
     ``directory`` (created only then, so a run that fails before its first checkpoint leaves no
     folder); both carry the step count, so a run killed between the two renames is detected on
     load instead of resuming from mismatched halves."""
-    tensors = {f"model.{k}": v.contiguous() for k, v in net.state_dict().items()}
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
     state = optim.state_dict()
     for pid, slots in state["state"].items():
         for name, value in slots.items():
-            tensors[f"optim.{pid}.{name}"] = torch.as_tensor(value).contiguous()
+            tensors[f"optim.{pid}.{name}"] = torch.as_tensor(value).cpu().contiguous()
     meta = {**meta, "param_groups": state["param_groups"]}
     try:
         with cli.atomic_folder(directory) as staging:
@@ -280,6 +281,7 @@ def train(
     resume: bool = False,
     backend: str | None = None,
     progress: bool = True,
+    device: str | torch.device = "cpu",
 ) -> TrainResult:
     """Train a :class:`~dlgn_gumbel.LogicNet` on thermometer-encoded ``x_train``.
 
@@ -296,14 +298,18 @@ def train(
             except for ``steps`` and ``time_budget_s``.
         backend: logic-layer backend (``None`` = automatic).
         progress: show a tqdm bar.
+        device: where the network trains; the data stay where they are and each batch is moved
+            (``"cuda"`` with ``backend=None`` runs the Triton kernel).
     """
     if x_train.dim() != 2 or x_train.shape[0] != y_train.shape[0] or x_train.shape[0] == 0:
         raise ValueError(
             f"x_train (N, F) and y_train (N,) must be non-empty and agree: {x_train.shape}, "
             f"{y_train.shape}"
         )
-    encoder = config.encoder()
+    device = torch.device(device)
+    encoder = config.encoder().to(device)
     net = LogicNet.from_config(config.net_config(x_train.shape[1], num_classes), backend=backend)
+    net.to(device)
     optim = torch.optim.Adam(net.parameters(), lr=config.lr)
     result = TrainResult(net, encoder)
     directory = Path(out_dir) if out_dir is not None else None
@@ -316,8 +322,19 @@ def train(
         result.history = meta["history"]
         logger.info("resumed from %s at step %d", directory, result.steps)
 
-    x_eval_bits = encoder(x_eval)
+    x_eval_bits = encoder(x_eval.to(device))
     clock = time.process_time if config.clock == "process" else time.perf_counter
+    if device.type == "cuda":
+        if config.clock == "process":
+            raise ValueError("clock='process' counts CPU time only; time a GPU run with 'wall'")
+
+        def synchronize() -> None:
+            torch.cuda.synchronize(device)
+    else:
+
+        def synchronize() -> None:
+            pass
+
     loss_sum, loss_count = 0.0, 0
     bar = tqdm(
         total=config.steps if config.time_budget_s is None else None,
@@ -360,14 +377,17 @@ def train(
         while result.steps < config.steps:
             if config.time_budget_s is not None and result.train_time_s >= config.time_budget_s:
                 break
+            synchronize()
             start = clock()
             net.train()
             idx = batch_indices(x_train.shape[0], config.batch_size, result.steps, config.seed)
             torch.manual_seed(config.seed * 7_919 + result.steps)  # this step's Gumbel noise
-            loss = torch.nn.functional.cross_entropy(net(encoder(x_train[idx])), y_train[idx])
+            x_batch, y_batch = x_train[idx].to(device), y_train[idx].to(device)
+            loss = torch.nn.functional.cross_entropy(net(encoder(x_batch)), y_batch)
             optim.zero_grad(set_to_none=True)
             loss.backward()
             optim.step()
+            synchronize()  # a GPU step is timed to its end, not to its last launch
             result.train_time_s += clock() - start
             result.steps += 1
             loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1

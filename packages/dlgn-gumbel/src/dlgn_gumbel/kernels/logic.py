@@ -143,7 +143,9 @@ def logic_bwd(
     batch = x.shape[1]
     n_out = idx_a.shape[0]
     grad_x = torch.zeros_like(x, dtype=torch.float32)
-    grad_c = torch.zeros(coeffs.shape, device=x.device, dtype=torch.float32)
+    # shared coefficients: every row is stored; per example: an empty batch stores nothing
+    alloc = torch.zeros if coeffs.dim() == 3 else torch.empty
+    grad_c = alloc(coeffs.shape, device=x.device, dtype=torch.float32)
     if n_out:
         with device_guard(x):
             _logic_bwd_kernel[(cdiv(n_out, BLOCK_N),)](
