@@ -113,6 +113,8 @@ def test_train_refuses_an_architecture_before_loading_data(tmp_path, capsys, mon
     _refused(capsys, [*argv, "--relaxation", "softmax", "--noise", "per_example"],
              "--noise per_example", "softmax")  # fmt: skip
     _refused(capsys, [*argv, "--init", "dirichlet"], "--init", "dirichlet")
+    _refused(capsys, [*argv, "--groups", "5"], "--groups 5", "10 classes")
+    _refused(capsys, [*argv, "--groups", "30"], "divisible by num_classes=30")
     _nothing_in(tmp_path)
 
 

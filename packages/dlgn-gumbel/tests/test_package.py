@@ -103,6 +103,21 @@ def test_a_checkpoint_from_before_the_init_options_resumes(tmp_path, digits):
     assert resumed.steps == 6
 
 
+def test_cli_groups_sets_groupsum_k_and_resume_keeps_it(tmp_path, capsys):
+    """``--groups 20`` on 10-class digits: the authors' GroupSum with more groups than classes."""
+    out = tmp_path / "run"
+    argv = ["train", "--dataset", "digits", "--out", str(out), "--layers", "100x2", "--steps",
+            "4", "--eval-every", "2", "--batch-size", "32", "--tau", "2", "--backend",
+            "reference", "--connections", "random"]  # fmt: skip
+    assert main([*argv, "--groups", "20"]) == 0
+    net, _ = load_checkpoint(out)
+    assert net.config.num_classes == 20
+    assert net(torch.zeros(3, 192)).shape == (3, 20)
+    capsys.readouterr()
+    assert main([*argv, "--steps", "6", "--resume"]) == 2  # without --groups: 10 groups
+    assert "20 GroupSum groups, not 10" in capsys.readouterr().err
+
+
 def test_cli_diagnose_writes_its_table_as_json(tmp_path, capsys):
     out = tmp_path / "diag.json"
     argv = ["diagnose", "--dataset", "digits", "--layers", "100x2", "--draws", "3",

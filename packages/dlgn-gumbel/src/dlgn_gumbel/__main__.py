@@ -130,6 +130,13 @@ def _add_architecture(parser: argparse.ArgumentParser, *, layers: tuple[int, ...
         help="residual init's logit of gate A (default 5.0; only with --init residual)",
     )
     parser.add_argument(
+        "--groups",
+        type=cli.positive_int,
+        default=None,
+        help="GroupSum groups (default: the number of classes; the paper's code uses 100 for "
+        "10 classes, the extra groups' scores only entering the cross-entropy)",
+    )
+    parser.add_argument(
         "--thresholds",
         type=cli.positive_int,
         default=default(3),
@@ -151,6 +158,17 @@ def _add_noise(parser: argparse.ArgumentParser, *, default: str | None) -> None:
         default=default,
         help="one noise draw per neuron and step (shared) or per neuron and example",
     )
+
+
+def _groups(value: int | None, classes: int, dataset: str) -> int:
+    """``--groups``: GroupSum's k, the dataset's class count unless given; at least that many."""
+    if value is None:
+        return classes
+    if value < classes:
+        raise cli.CommandError(
+            f"--groups {value}: {dataset} has {classes} classes, need >= {classes}"
+        )
+    return value
 
 
 def _init_sigma(value: float | None, init: str) -> float:
@@ -204,8 +222,9 @@ def _train(args: argparse.Namespace) -> int:
     if args.noise == "per_example" and args.relaxation == "softmax":
         raise cli.CommandError("--noise per_example: the softmax relaxation draws no noise")
     pixels, num_classes = DATASET_SHAPES[args.dataset]
-    try:  # e.g. the last width must split into the classes
-        config.net_config(pixels, num_classes)
+    groups = _groups(args.groups, num_classes, args.dataset)
+    try:  # e.g. the last width must split into the groups
+        config.net_config(pixels, groups)
     except ValueError as error:
         raise cli.CommandError(f"--layers {','.join(map(str, args.layers))}: {error}") from None
     _check_widths(pixels * config.num_thresholds, config.layer_sizes, config.connections)
@@ -216,6 +235,11 @@ def _train(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as error:
             raise cli.CommandError(f"--resume: {cli.describe(error)}") from None
         check_resumable(meta, config, args.out)
+        if meta["net_config"]["num_classes"] != groups:
+            raise cli.CommandError(
+                f"--resume: the checkpoint in {args.out} has {meta['net_config']['num_classes']} "
+                f"GroupSum groups, not {groups} (--groups)"
+            )
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -226,7 +250,7 @@ def _train(args: argparse.Namespace) -> int:
         data.y_train,
         data.x_test,
         data.y_test,
-        num_classes=data.num_classes,
+        num_classes=groups,
         out_dir=args.out,
         resume=args.resume,
         backend=args.backend,
@@ -278,11 +302,12 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
-_ARCHITECTURE = ("layers", "tau", "gumbel_tau", "grad_factor", "connections",
+_ARCHITECTURE = ("layers", "groups", "tau", "gumbel_tau", "grad_factor", "connections",
                  "init", "init_sigma", "thresholds", "thermometer_layout")  # fmt: skip
 # diagnose's network when none is loaded: the quick reproduce's depth and width
 _ARCHITECTURE_DEFAULTS = {
     "layers": (2000,) * 6,
+    "groups": None,  # the dataset's classes
     "tau": 10.0,
     "gumbel_tau": 1.0,
     "grad_factor": 1.0,
@@ -331,7 +356,7 @@ def _diagnose(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
         try:
-            net_config = config.net_config(pixels, num_classes)
+            net_config = config.net_config(pixels, _groups(args.groups, num_classes, args.dataset))
         except ValueError as error:
             raise cli.CommandError(f"--layers: {error}") from None
         _check_widths(pixels * config.num_thresholds, config.layer_sizes, config.connections)

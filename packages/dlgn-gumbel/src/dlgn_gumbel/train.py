@@ -318,6 +318,12 @@ def train(
             raise ValueError("resume=True needs out_dir, the folder of the checkpoint")
         check_resumable(check_checkpoint(directory), config, directory)
         meta = _load(directory, net, optim)
+        saved_net = LogicNetConfig(**meta["net_config"]).to_dict()
+        if saved_net != net.config.to_dict():  # e.g. another GroupSum k: no tensor shows it
+            raise ValueError(
+                f"resume: the network in {directory} was {saved_net}, this run builds "
+                f"{net.config.to_dict()}"
+            )
         result.steps, result.train_time_s = meta["steps"], meta["train_time_s"]
         result.history = meta["history"]
         logger.info("resumed from %s at step %d", directory, result.steps)
