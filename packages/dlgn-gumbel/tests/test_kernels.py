@@ -47,46 +47,27 @@ def fused(x, idx_a, idx_b, weights, *, backend):
     return logic_layer(x, idx_a, idx_b, coeffs, backend=backend)
 
 
+# per_example: every output element has its own mixture (noise="per_example", coeffs (N, 4, B))
+@pytest.mark.parametrize("per_example", [False, True], ids=["shared", "per-example"])
 @pytest.mark.parametrize("shape", CASES)
-def test_cpu_fast_path_matches_16_term_reference(shape):
+def test_cpu_fast_path_matches_16_term_reference(shape, per_example):
     assert_kernel_matches(
         logic_layer_reference16,
         functools.partial(fused, backend="reference"),
-        make_inputs(*shape),
+        make_inputs(*shape, per_example=per_example),
         tolerances=OUT_TOL,
         grad_tolerances=GRAD_TOL,
     )
 
 
+@pytest.mark.parametrize("per_example", [False, True], ids=["shared", "per-example"])
 @pytest.mark.parametrize("shape", CASES)
-def test_triton_kernel_matches_16_term_reference(shape, triton_backend):
+def test_triton_kernel_matches_16_term_reference(shape, per_example, triton_backend):
+    device = device_for_backend(triton_backend)
     assert_kernel_matches(
         logic_layer_reference16,
         functools.partial(fused, backend=triton_backend),
-        make_inputs(*shape, device=device_for_backend(triton_backend)),
-        tolerances=OUT_TOL,
-        grad_tolerances=GRAD_TOL,
-    )
-
-
-@pytest.mark.parametrize("shape", CASES)
-def test_cpu_per_example_coefficients_match_16_term_reference(shape):
-    """Per-example gates (noise="per_example"): every output element has its own mixture."""
-    assert_kernel_matches(
-        logic_layer_reference16,
-        functools.partial(fused, backend="reference"),
-        make_inputs(*shape, per_example=True),
-        tolerances=OUT_TOL,
-        grad_tolerances=GRAD_TOL,
-    )
-
-
-@pytest.mark.parametrize("shape", CASES)
-def test_triton_per_example_coefficients_match_16_term_reference(shape, triton_backend):
-    assert_kernel_matches(
-        logic_layer_reference16,
-        functools.partial(fused, backend=triton_backend),
-        make_inputs(*shape, per_example=True, device=device_for_backend(triton_backend)),
+        make_inputs(*shape, per_example=per_example, device=device),
         tolerances=OUT_TOL,
         grad_tolerances=GRAD_TOL,
     )
