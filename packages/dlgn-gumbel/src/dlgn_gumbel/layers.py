@@ -47,11 +47,6 @@ from dlgn_gumbel.ops import check_index_range, logic_layer
 from kernels_common.backend import Backend
 
 __all__ = [
-    "CONNECTIONS",
-    "INITS",
-    "LAYOUTS",
-    "NOISES",
-    "RELAXATIONS",
     "GroupSum",
     "LogicLayer",
     "LogicNet",
