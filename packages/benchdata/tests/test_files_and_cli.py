@@ -58,7 +58,15 @@ def test_not_found_error_is_a_file_not_found_error_with_the_command():
 
 
 def test_importing_benchdata_loads_no_heavy_optional_library():
-    heavy = ("transformers", "skimage", "sklearn", "tiktoken", "sentence_transformers", "mlxtend")
+    heavy = (
+        "transformers",
+        "skimage",
+        "sklearn",
+        "tiktoken",
+        "sentence_transformers",
+        "mlxtend",
+        "pyarrow",
+    )
     footprint = import_footprint("import benchdata", watch=heavy)
     assert [m for m in heavy if footprint[m]] == []
 

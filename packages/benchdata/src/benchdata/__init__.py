@@ -10,7 +10,10 @@ loaders that need them.
 from importlib.metadata import PackageNotFoundError, version
 
 from benchdata._files import CACHE_ENV, INSTALL, DataNotFoundError, cache_dir
+from benchdata.curves import LearningCurves, fashion_mnist_curves
 from benchdata.graphs import Graph, csbm, edge_homophily, image_knn_graph, knn_graph
+from benchdata.hpo_tables import lcbench_curves, pd1_curves, taskset_curves
+from benchdata.lcdb import lcdb_curves, lcdb_datasets
 from benchdata.models import (
     E5SmallEncoder,
     PretrainedLM,
@@ -36,6 +39,7 @@ __all__ = [
     "E5SmallEncoder",
     "Graph",
     "ImageDataset",
+    "LearningCurves",
     "PretrainedLM",
     "TextCorpus",
     "TokenSequences",
@@ -46,15 +50,21 @@ __all__ = [
     "e5_small_encoder",
     "edge_homophily",
     "fashion_mnist",
+    "fashion_mnist_curves",
     "fortunes_corpus",
     "image_knn_graph",
     "knn_graph",
+    "lcbench_curves",
+    "lcdb_curves",
+    "lcdb_datasets",
     "lm_batch",
     "minilm_encoder",
     "mnist_5k",
+    "pd1_curves",
     "sharegpt_conversations",
     "smollm2_135m",
     "sr_images",
+    "taskset_curves",
     "token_sequences",
     "tokenizer_cl100k",
     "zipf_pmf",

@@ -1,4 +1,5 @@
-"""`benchdata info`: which sources are installed; `benchdata prepare smollm2`: convert once."""
+"""`benchdata info`: which sources are installed; `benchdata prepare smollm2`: convert once;
+`benchdata curves-sweep --out FILE`: train the MLP sweep behind `fashion_mnist_curves()`."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import logging
 import sys
 from collections.abc import Callable
 
+import numpy as np
+
 import benchdata
+from benchdata.curves_sweep import run_sweep
 from kernels_common import cli
 
 # one cheap probe per source: it raises when the data is missing
@@ -29,6 +33,8 @@ PROBES: dict[str, Callable[[], object]] = {
     "aerial": lambda: benchdata._files.require(
         benchdata.sr.OPENCV_DATA_DIR, "opencv-doc", "aerial"
     ),
+    "lcdb": lambda: benchdata.lcdb.lcdb_csv(),
+    "pd1": lambda: benchdata._files.optional_import("pyarrow.parquet", "pd1"),
 }
 
 
@@ -46,12 +52,36 @@ def info() -> int:
     return 1 if missing else 0
 
 
+def curves_sweep(args: argparse.Namespace) -> int:
+    curves = run_sweep(args.configs, args.epochs, args.seed)
+    curves.save(args.out)
+    final = curves.values[:, -1]
+    print(
+        f"{curves.n_configs} configurations x {curves.n_steps} epochs -> {args.out}: final "
+        f"validation accuracy best {final.max():.4f}, median {np.median(final):.4f}; "
+        f"{curves.costs.sum():.0f} s of epochs"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = cli.ArgumentParser(prog="benchdata", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("info", help="list the data sources and whether each is installed")
     prepare = commands.add_parser("prepare", help="convert a model into the cache once")
     prepare.add_argument("model", choices=["smollm2"])
+    sweep = commands.add_parser(
+        "curves-sweep",
+        help="train sampled MLPs on Fashion-MNIST and save their learning curves (one thread)",
+    )
+    sweep.add_argument(
+        "--out", type=cli.output_file, required=True, help="the table to write (.json or .json.gz)"
+    )
+    sweep.add_argument("--configs", type=cli.positive_int, default=200, help="default 200")
+    sweep.add_argument("--epochs", type=cli.positive_int, default=30, help="default 30")
+    sweep.add_argument(
+        "--seed", type=cli.nonnegative_int, default=0, help="data split, configs, training"
+    )
     return cli.run(parser, _dispatch, argv)
 
 
@@ -59,6 +89,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.command == "info":
         return info()
+    if args.command == "curves-sweep":
+        return curves_sweep(args)
     benchdata.smollm2_135m()
     print(f"SmolLM2-135M-Instruct ready in {benchdata.cache_dir('smollm2-135m-instruct')}")
     return 0

@@ -6,11 +6,13 @@ Every loader finds its files through here, so a missing file always raises the s
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -30,6 +32,8 @@ INSTALL = {
     "images": "pip install 'benchdata[images]'",
     "aerial": "apt-get install opencv-doc",
     "graphs": "pip install 'benchdata[graphs]'",
+    "lcdb": "pip install --no-deps lcdb==0.1.0",
+    "pd1": "pip install 'benchdata[pd1]'",
 }
 
 
@@ -133,3 +137,16 @@ def verify_manifest(folder: Path) -> dict | None:
         if file_digest(path) != recorded[name]:
             return None
     return manifest
+
+
+@contextlib.contextmanager
+def exclusive(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on `lock_file` (created if needed) for the block."""
+    import fcntl  # POSIX only, like the Debian packages this project installs from
+
+    with lock_file.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -23,6 +23,7 @@ import torch
 
 from benchdata._files import (
     cache_dir,
+    exclusive,
     file_digest,
     optional_import,
     package_dir,
@@ -66,19 +67,6 @@ def _hub_offline():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-@contextlib.contextmanager
-def _exclusive(lock_file: Path):
-    """Hold an exclusive advisory lock on `lock_file` (created if needed) for the block."""
-    import fcntl  # POSIX only, like the Debian packages this project installs from
-
-    with lock_file.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _logits(model, tokenizer) -> torch.Tensor:
@@ -191,7 +179,7 @@ def converted_folder(gguf: Path) -> Path:
     digest = file_digest(gguf)
     root = cache_dir("smollm2-135m-instruct")
     folder = root / converted_folder_name(digest)
-    with _exclusive(root / f"{folder.name}.lock"):
+    with exclusive(root / f"{folder.name}.lock"):
         manifest = verify_manifest(folder)
         if (
             manifest is None
