@@ -1,0 +1,8 @@
+"""Puts the test helper modules on the path (pytest runs with ``--import-mode=importlib``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
