@@ -249,6 +249,14 @@ CASES = [
     Case("qcs", ["finetune", "--selection", "sel.json", "--out", "a"],
          files={"sel.json": '{"format_version": 1, "meth'}, expect="sel.json",
          why="a truncated selection file"),
+    # freeze-thaw-bo
+    Case("freeze-thaw-bo", ["run", "--alpha", "-1"], expect="-1", why="a negative cost weight"),
+    Case("freeze-thaw-bo", ["compare", "--methods", "cfbo,bohb"], expect="bohb",
+         why="an unknown method"),
+    Case("freeze-thaw-bo", ["run", "--benchmark", "lcbench:segment", "--out", "r.json"],
+         expect="--data PATH", why="a user table without its path"),
+    Case("freeze-thaw-bo", ["fit-utility", "p.json", "--budget", "10"], files={"p.json": "[[[1, 0"},
+         expect="p.json", why="a truncated preference file"),
 ]  # fmt: skip
 
 

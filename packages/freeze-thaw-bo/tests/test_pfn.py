@@ -303,8 +303,10 @@ def test_query_attends_to_context_not_to_other_queries() -> None:
     with torch.no_grad():
         for forward in (model.forward, model.forward_masked):
             base = forward(batch)[:, 0]
-            assert torch.allclose(forward(others)[:, 0], base, atol=1e-6)
-            assert torch.allclose(forward(alone)[:, 0], base, atol=1e-6)
+            # float32 matmuls of other shapes (1 vs 12 queries) round differently, by ~1e-6 of
+            # logits of size ~10 depending on the thread count; a leak moves them by > 1e-3
+            assert torch.allclose(forward(others)[:, 0], base, rtol=1e-5, atol=1e-5)
+            assert torch.allclose(forward(alone)[:, 0], base, rtol=1e-5, atol=1e-5)
             assert (forward(new_context)[:, 0] - base).abs().max() > 1e-3
 
 

@@ -45,6 +45,8 @@ class CurveTable:
         configs: N configurations.
         values: (N, T) validation values in [0, 1], higher is better.
         costs: (N, T) cost of each epoch (1 everywhere when unknown).
+        initial_value: every curve's value before training (y_0), when the table records it;
+            CFBO's PFN reads it as its start token, as the authors' `y_0`.
     """
 
     name: str
@@ -52,6 +54,7 @@ class CurveTable:
     configs: tuple[dict, ...]
     values: np.ndarray
     costs: np.ndarray
+    initial_value: float | None = None
 
     def __post_init__(self) -> None:
         values = np.asarray(self.values, dtype=np.float64)
@@ -86,6 +89,7 @@ class CurveTable:
             configs=tuple(curves.configs[i] for i in index),
             values=np.asarray(curves.values)[index],
             costs=np.asarray(curves.costs)[index],
+            initial_value=getattr(curves, "initial_value", None),
         )
 
     @property
@@ -154,6 +158,10 @@ def make_optimizer(
     from freeze_thaw_bo.methods import method_class
 
     cls = method_class(method)
+    if method in ("cfbo", "ifbo") and "surrogate" not in kwargs:
+        from freeze_thaw_bo.surrogates.pfn import PFNSurrogate
+
+        kwargs["surrogate"] = PFNSurrogate(initial_value=table.initial_value)
     common = {
         "max_epochs": table.max_epochs,
         "candidates": list(table.configs),
@@ -167,6 +175,8 @@ def run_on_table(
     optimizer: FreezeThawOptimizer, table: CurveTable, *, stop_early: bool = False
 ) -> RunResult:
     """Replay `optimizer` on `table` until the budget (or, with `stop_early`, its stop signal)."""
+    if optimizer.budget_unit != "epoch":
+        raise ValueError("tables are replayed with budgets in epochs (budget_unit='epoch')")
     if [dict(c) for c in table.configs] != optimizer.candidates:
         raise ValueError("the optimizer's candidates are not the table's configurations")
     utility = optimizer.utility
@@ -221,7 +231,7 @@ def rescore(
         for k in range(len(utilities) - 1):  # the rule is checked before steps 2..n
             u_max = max(u_max, utilities[k])
             if (
-                not math.isclose(u_max, u_min)
+                not np.isclose(u_max, u_min)
                 and (u_max - utilities[k]) / (u_max - u_min) >= threshold
             ):
                 stop_budget = float(spent[k])

@@ -184,7 +184,7 @@ class FreezeThawOptimizer(ABC):
         Û_max is the best utility reached so far, Û_min = U(B, first observed value); −∞ while
         the two coincide (nothing to compare yet).
         """
-        if not self.history or math.isclose(self.u_max, self.u_min):
+        if not self.history or np.isclose(self.u_max, self.u_min):  # the authors' test
             return -math.inf
         return (self.u_max - self.current_utility) / (self.u_max - self.u_min)
 
@@ -307,7 +307,9 @@ class FreezeThawOptimizer(ABC):
         if self.stopping == "beta":
             from freeze_thaw_bo.cfbo import adaptive_threshold
 
-            return regret >= adaptive_threshold(0.0 if probability is None else probability)
+            gamma = math.log(self.threshold, 0.5)  # the authors' γ = −log2(threshold)
+            p = 0.0 if probability is None else probability
+            return regret >= adaptive_threshold(p, gamma=gamma)
         return regret >= self.threshold
 
     def _check_trial(self, trial_id: int) -> None:
@@ -352,8 +354,9 @@ class FreezeThawOptimizer(ABC):
 
 
 def load_optimizer(path: str | Path, **overrides: Any) -> FreezeThawOptimizer:
-    """Resume an optimizer saved with `save`; `overrides` pass objects JSON cannot hold
-    (e.g. `surrogate=`). The next `ask` gives the same suggestion the saved one would have."""
+    """Resume an optimizer saved with `save`; `overrides` pass objects JSON cannot hold: a
+    surrogate other than the default must be passed again (`surrogate=`). With the same
+    surrogate, the next `ask` gives the same suggestion the saved one would have."""
     folder = Path(path)
     state_file, tensor_file = folder / STATE_FILE, folder / TENSOR_FILE
     for file in (state_file, tensor_file):

@@ -5,7 +5,8 @@ training-set sizes). Every method runs to the whole budget (so regret-versus-bud
 complete) and records where its stopping rule fired; α ∈ {0, 2⁻⁶, 2⁻⁴, 2⁻²}, c = 1. The paper's
 claims, each next to what was measured:
 
-1. CFBO has the lowest normalized regret of utility where the methods stop;
+1. CFBO has the lowest normalized regret of utility where the methods stop (per task, averaged
+   over α and seeds);
 2. its advantage over the best baseline grows with α;
 3. it stops near the maximum utility of its own run.
 
@@ -50,13 +51,13 @@ class Settings:
 
 QUICK = Settings(
     tasks=("fashion-mnist", "lcdb:6", "lcdb:1485"),
-    budgets=(100, 60, 60),
+    budgets=(100, 120, 120),
     max_configs=60,
-    seeds=2,
+    seeds=3,
 )
 FULL = Settings(
     tasks=("fashion-mnist", "lcdb:6", "lcdb:1485", "lcdb:1590", "lcdb:40984"),
-    budgets=(150, 100, 100, 100, 100),
+    budgets=(150, 120, 120, 120, 120),
     max_configs=None,
     seeds=5,
     num_samples=1000,
@@ -118,22 +119,28 @@ def _mean(rows: list[dict], method: str, key: str, alpha: float | None = None) -
 
 def _claims(rows: list[dict], s: Settings, Claim) -> list:
     baselines = [m for m in s.methods if m != "cfbo"]
-    cfbo_stop = _mean(rows, "cfbo", "regret_at_stop")
-    best_baseline = min(_mean(rows, m, "regret_at_stop") for m in baselines)
+    claims = []
+    for task in dict.fromkeys(r["task"] for r in rows):
+        here = [r for r in rows if r["task"] == task]
+        cfbo_stop = _mean(here, "cfbo", "regret_at_stop")
+        best = min(baselines, key=lambda m: _mean(here, m, "regret_at_stop"))
+        claims.append(
+            Claim(
+                name=f"{task}: CFBO regret at stop − best baseline's ({best}) ×100",
+                paper="CFBO has the lowest normalized regret of utility among freeze-thaw methods",
+                measured=100 * (cfbo_stop - _mean(here, best, "regret_at_stop")),
+                unit="regret points",
+                direction="at_most",
+                threshold=0.0,
+            )
+        )
     gaps = []
     for alpha in (s.alphas[0], s.alphas[-1]):
         best = min(_mean(rows, m, "regret_at_stop", alpha) for m in baselines)
         gaps.append(best - _mean(rows, "cfbo", "regret_at_stop", alpha))
     near = _mean(rows, "cfbo", "regret_at_stop") - _mean(rows, "cfbo", "best_stop_regret")
     return [
-        Claim(
-            name="CFBO regret at stop − best baseline's (×100)",
-            paper="CFBO has the lowest normalized regret of utility among freeze-thaw methods",
-            measured=100 * (cfbo_stop - best_baseline),
-            unit="regret points",
-            direction="at_most",
-            threshold=0.0,
-        ),
+        *claims,
         Claim(
             name="advantage at α = 2⁻² minus at α = 0 (×100)",
             paper="CFBO's gain over the baselines grows with the cost weight α",
