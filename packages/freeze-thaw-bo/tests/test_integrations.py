@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections import deque
 
 import numpy as np
@@ -475,13 +477,17 @@ def test_ray_tune_scheduler_pauses_and_resumes_from_checkpoints(tmp_path):
 
     with pytest.raises(ValueError, match="num_samples=-1"):
         FreezeThawScheduler(make_cfbo()).set_search_properties(None, None, num_samples=1)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    # Ray's sockets live under its temp folder, and AF_UNIX paths are capped at 107 bytes: under
+    # a deep TMPDIR (nox's) the default folder is too long, so use a short one
+    ray_tmp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=ray_tmp)
     try:
         round_robin, cfbo = make_round_robin(), make_cfbo()
         _, last = run(round_robin, "round-robin")
         _, cfbo_last = run(cfbo, "cfbo")
     finally:
         ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
     # round robin: a pause after every epoch; the budget (7) ends it with trials 1, 2 paused at
     # epoch 2, which the scheduler stops; each resumed from its checkpoint, not from scratch
