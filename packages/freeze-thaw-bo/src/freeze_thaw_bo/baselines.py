@@ -164,11 +164,12 @@ class DyHPO(_SurrogateMethod):
     (the same in expectation, up to the surrogate's clipping to [0, 1]).
 
     Args:
-        surrogate: a `CurveSurrogate`; default `FreezeThawGPSurrogate()`.
-        num_samples: sampled curves per configuration.
+        space: the `SearchSpace` to search.
         reference: "fidelity" (DyHPO's ŷ at the next epoch) or "incumbent" (as CFBO's
             reimplementation of DyHPO).
-        **kwargs: the `FreezeThawOptimizer` arguments (`budget`, `max_epochs`, ...).
+        **kwargs: `surrogate` (a `CurveSurrogate`; default `FreezeThawGPSurrogate()`),
+            `num_samples` (sampled curves per configuration) and the `FreezeThawOptimizer`
+            arguments (`budget`, `max_epochs`, ...).
 
     Example:
         >>> from freeze_thaw_bo import Float, SearchSpace
@@ -218,9 +219,9 @@ class IfBO(_SurrogateMethod):
     index, which is trial 0 when every score is 0).
 
     Args:
-        surrogate: a `CurveSurrogate`; default the learning-curve PFN CFBO uses.
-        num_samples: sampled curves per configuration.
-        **kwargs: the `FreezeThawOptimizer` arguments (`budget`, `max_epochs`, ...).
+        **kwargs: `surrogate` (a `CurveSurrogate`; default the learning-curve PFN CFBO uses),
+            `num_samples` (sampled curves per configuration) and the `FreezeThawOptimizer`
+            arguments (`budget`, `max_epochs`, ...).
 
     Attributes:
         last_horizon, last_threshold: the h and threshold drawn for the latest scored ask.
@@ -271,9 +272,9 @@ class DPLFreezeThaw(_SurrogateMethod):
     `num_samples` a multiple of its ensemble size, the samples hold every member equally often).
 
     Args:
-        surrogate: a `CurveSurrogate`; default `DPLSurrogate(seed=seed)`.
-        num_samples: sampled curves per configuration (100: 20 per member of 5).
-        **kwargs: the `FreezeThawOptimizer` arguments (`budget`, `max_epochs`, ...).
+        **kwargs: `surrogate` (a `CurveSurrogate`; default `DPLSurrogate(seed=seed)`),
+            `num_samples` (sampled curves per configuration; 100: 20 per member of 5) and the
+            `FreezeThawOptimizer` arguments (`budget`, `max_epochs`, ...).
 
     Example:
         >>> from freeze_thaw_bo import Float, SearchSpace

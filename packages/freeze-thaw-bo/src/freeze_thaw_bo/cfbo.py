@@ -98,11 +98,14 @@ class CFBO(FreezeThawOptimizer):
     """Cost-sensitive freeze-thaw BO.
 
     Args:
-        space, utility, budget: what to search, the trade-off, and B (see `FreezeThawOptimizer`).
+        space: the `SearchSpace` to search.
+        utility: the cost-performance trade-off U(b, y).
+        budget: the total budget B (see `FreezeThawOptimizer`).
         surrogate: a `CurveSurrogate`; default the shipped learning-curve PFN.
         num_samples: Monte Carlo curves per configuration (the paper's 1000).
-        stopping: "beta" (CFBO's adaptive threshold, default), "threshold" or "none".
-        **kwargs: `max_epochs`, `candidates`, `num_candidates`, `threshold`, `budget_unit`, `seed`.
+        **kwargs: `stopping` ("beta", CFBO's adaptive threshold and the default, "threshold" or
+            "none"), `max_epochs`, `candidates`, `num_candidates`, `threshold`, `budget_unit`,
+            `seed`.
 
     Example:
         >>> from freeze_thaw_bo import CFBO, Float, SearchSpace, Utility

@@ -87,7 +87,8 @@ class DPLSurrogate:
 
     Args:
         ensemble_size: members (DPL's 5), each with its own initialisation and batch order.
-        hidden_units, hidden_layers: the MLP's width and depth (DPL: 128, 2).
+        hidden_units: the MLP's width (DPL: 128).
+        hidden_layers: the MLP's depth (DPL: 2).
         learning_rate: Adam's step size (DPL: 10⁻³).
         batch_size: minibatch size (DPL: 64).
         train_steps: Adam steps per member per fit, from scratch.
