@@ -142,14 +142,25 @@ def prepare_env(session: nox.Session, *, cuda: bool = False) -> Path:
     return constraints
 
 
+# listed in a member's `apt` table instead of a package: its data reads the package index itself
+# (`apt-cache dumpavail`), which images often ship empty (`rm -rf /var/lib/apt/lists/*`)
+APT_INDEX = "apt-index"
+
+
+def _apt_index_missing() -> bool:
+    return not any(Path("/var/lib/apt/lists").glob("*_Packages*"))
+
+
 def ensure_apt(session: nox.Session, packages: set[str]) -> None:
-    """Install the Debian packages a member's data needs (apt-get update once per .nox folder)."""
+    """Install the Debian packages a member's data needs (apt-get update once per .nox folder),
+    and download the package index where a member reads it (`APT_INDEX`) and it is empty."""
+    need_index = APT_INDEX in packages and _apt_index_missing()
     missing = sorted(
         p
-        for p in packages
+        for p in packages - {APT_INDEX}
         if subprocess.run(["dpkg", "-s", p], capture_output=True, check=False).returncode != 0
     )
-    if not missing:
+    if not missing and not need_index:
         return
     # root, or passwordless sudo (CI runners); otherwise say what to install
     sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
@@ -158,14 +169,18 @@ def ensure_apt(session: nox.Session, packages: set[str]) -> None:
         and subprocess.run([*sudo, "true"], capture_output=True, check=False).returncode == 0
     )
     if not can_sudo or not shutil.which("apt-get"):
+        if not missing:
+            session.error("needs the Debian package index: run `sudo apt-get update`")
         session.error(
             f"needs Debian packages {missing}: run `sudo apt-get install {' '.join(missing)}`"
         )
     stamp = ROOT / ".nox" / ".apt-updated"
-    if not stamp.exists():
+    if not stamp.exists() or need_index:
         session.run(*sudo, "apt-get", "update", "-qq", external=True)
         stamp.parent.mkdir(exist_ok=True)
         stamp.touch()
+    if not missing:
+        return
     session.run(
         *sudo, "apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing,
         external=True,

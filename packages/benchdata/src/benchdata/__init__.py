@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from benchdata._files import CACHE_ENV, INSTALL, DataNotFoundError, cache_dir
 from benchdata.curves import LearningCurves, fashion_mnist_curves
+from benchdata.graph_files import TextGraph, debian_packages_graph, ogb_node_graph, planetoid_graph
 from benchdata.graphs import Graph, csbm, edge_homophily, image_knn_graph, knn_graph
 from benchdata.hpo_tables import lcbench_curves, pd1_curves, taskset_curves
 from benchdata.lcdb import lcdb_curves, lcdb_datasets
@@ -42,10 +43,12 @@ __all__ = [
     "LearningCurves",
     "PretrainedLM",
     "TextCorpus",
+    "TextGraph",
     "TokenSequences",
     "__version__",
     "cache_dir",
     "csbm",
+    "debian_packages_graph",
     "digits",
     "e5_small_encoder",
     "edge_homophily",
@@ -60,7 +63,9 @@ __all__ = [
     "lm_batch",
     "minilm_encoder",
     "mnist_5k",
+    "ogb_node_graph",
     "pd1_curves",
+    "planetoid_graph",
     "sharegpt_conversations",
     "smollm2_135m",
     "sr_images",

@@ -35,6 +35,8 @@ PROBES: dict[str, Callable[[], object]] = {
     ),
     "lcdb": lambda: benchdata.lcdb.lcdb_csv(),
     "pd1": lambda: benchdata._files.optional_import("pyarrow.parquet", "pd1"),
+    "debian": benchdata.graph_files._dumpavail_bytes,
+    "planetoid": lambda: benchdata._files.optional_import("scipy.sparse", "planetoid"),
 }
 
 

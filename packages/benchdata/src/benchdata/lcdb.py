@@ -25,21 +25,11 @@ from __future__ import annotations
 import csv
 import logging
 import math
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 
-from benchdata._files import (
-    cache_dir,
-    exclusive,
-    file_digest,
-    package_dir,
-    require,
-    verify_manifest,
-    write_manifest,
-)
+from benchdata._files import cache_dir, cached_folder, file_digest, package_dir, require
 from benchdata.curves import LearningCurves
 
 logger = logging.getLogger(__name__)
@@ -146,37 +136,16 @@ def parsed_lcdb(csv_path: Path) -> tuple[Path, dict]:
     and the parse run under a lock file, so concurrent processes parse once.
     """
     digest = file_digest(csv_path)
-    root = cache_dir("lcdb")
-    folder = root / f"{csv_path.stem}-{digest[:16]}"
-    with exclusive(root / f"{folder.name}.lock"):
-        manifest = verify_manifest(folder)
-        if (
-            manifest is None
-            or manifest.get("source_sha256") != digest
-            or manifest.get("format") != PARSE_FORMAT
-        ):
-            for stale in root.glob(f"{folder.name}.partial-*"):
-                shutil.rmtree(stale, ignore_errors=True)
-            staging = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
-            staging.mkdir()
-            logger.info("parsing %s once into %s (seconds)", csv_path, folder)
-            try:
-                openml_ids = _write_datasets(_aggregate(csv_path), staging)
-                metadata = {
-                    "source": csv_path.name,
-                    "source_sha256": digest,
-                    "format": PARSE_FORMAT,
-                    "openml_ids": openml_ids,
-                }
-                write_manifest(staging, metadata)
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
-            shutil.rmtree(folder, ignore_errors=True)
-            os.replace(staging, folder)
-            manifest = verify_manifest(folder)
-            if manifest is None:
-                raise RuntimeError(f"the LCDB cache {folder} failed its own check")
+    folder = cache_dir("lcdb") / f"{csv_path.stem}-{digest[:16]}"
+
+    def parse(staging: Path) -> dict:
+        logger.info("parsing %s once into %s (seconds)", csv_path, folder)
+        return {
+            "source": csv_path.name,
+            "openml_ids": _write_datasets(_aggregate(csv_path), staging),
+        }
+
+    manifest = cached_folder(folder, {"source_sha256": digest, "format": PARSE_FORMAT}, parse)
     return folder, manifest
 
 
