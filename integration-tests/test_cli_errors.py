@@ -257,6 +257,14 @@ CASES = [
          expect="--data PATH", why="a user table without its path"),
     Case("freeze-thaw-bo", ["fit-utility", "p.json", "--budget", "10"], files={"p.json": "[[[1, 0"},
          expect="p.json", why="a truncated preference file"),
+    # gc4nc
+    Case("gc4nc", ["condense", "--rate", "1.5"], expect="1.5", why="a rate outside (0, 1)"),
+    Case("gc4nc", ["condense", "--method", "gcond2"], expect="gcond2", why="an unknown method"),
+    Case("gc4nc", ["benchmark", "--datasets", "cora"], expect="cora",
+         why="a dataset that needs a user path (planetoid:ROOT:NAME)"),
+    Case("gc4nc", ["evaluate", "c"],
+         files={"c/meta.json": '{"format": 1, "sha', "c/graph.safetensors": b"x"},
+         expect="meta.json", why="a truncated condensed-graph record"),
 ]  # fmt: skip
 
 
