@@ -2,7 +2,7 @@
 
 - `debian`: the Debian package graph (benchdata; 37,646 packages, Depends / Pre-Depends /
   Recommends edges, MiniLM embeddings of the descriptions, the 10 largest Sections as classes),
-  the ogbn-arxiv analogue; random stratified 50 / 25 / 25 % split; rates 0.001, 0.005, 0.01.
+  the ogbn-arxiv analogue; random stratified 50 / 25 / 25 % split; rates 0.0025, 0.005, 0.01.
 - `debian-bow`: the same graph with 512-d hashed bag-of-words features.
 - `fashion-knn`: 10-NN graph over 5,000 real Fashion-MNIST images (pixels), the Cora analogue;
   Planetoid-style split (20 per class / 500 / 1000); rates 0.1, 0.25, 0.5.
@@ -38,8 +38,11 @@ class DatasetInfo:
 
 
 RATES = {
-    "debian": (0.001, 0.005, 0.01),
-    "debian-bow": (0.001, 0.005, 0.01),
+    # GraphSlim's ogbn-arxiv rates are 0.001 / 0.005 / 0.01 of 90k training nodes; 0.001 of the
+    # 4,000 training nodes of reproduce's 8,000-node Debian subgraph leaves 4 nodes for 10
+    # classes, so the smallest rate here is 0.0025 (10 nodes)
+    "debian": (0.0025, 0.005, 0.01),
+    "debian-bow": (0.0025, 0.005, 0.01),
     "fashion-knn": (0.1, 0.25, 0.5),
     "digits-knn": (0.1, 0.25, 0.5),
     "csbm": (0.1, 0.25, 0.5),
