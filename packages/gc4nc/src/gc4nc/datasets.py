@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gc4nc.graph import GraphData, from_benchdata
+from gc4nc.graph import GraphData, from_benchdata, induced_subgraph
 
 DATASETS = ("debian", "debian-bow", "fashion-knn", "digits-knn", "csbm", "karate")
 USER_PATH_KINDS = ("planetoid", "ogb")
@@ -99,8 +99,15 @@ def load_dataset(name: str, *, seed: int = 0, num_nodes: int | None = None) -> G
         )
     if name in ("debian", "debian-bow"):
         text = benchdata.debian_packages_graph(features="minilm" if name == "debian" else "bow")
-        graph = _subsample(text.graph, num_nodes, seed)
-        return from_benchdata(graph, split="random", seed=seed, train=0.5, val=0.25)
+        g = text.graph
+        graph = GraphData(g.features.float(), g.edge_index, g.labels)
+        if num_nodes is not None and num_nodes < graph.num_nodes:
+            # a seeded random node subset, its induced edges kept
+            keep = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(seed))
+            mask = torch.zeros(graph.num_nodes, dtype=torch.bool)
+            mask[keep[:num_nodes]] = True
+            graph = induced_subgraph(graph, mask)
+        return _random(graph, seed)
     if name == "fashion-knn":
         graph = benchdata.image_knn_graph(
             "fashion_mnist", k=10, num_nodes=num_nodes or 5000, seed=seed
@@ -126,22 +133,3 @@ def _random(graph: GraphData, seed: int) -> GraphData:
     from gc4nc.graph import random_split
 
     return random_split(graph, train=0.5, val=0.25, seed=seed)
-
-
-def _subsample(graph, num_nodes: int | None, seed: int):
-    """A seeded random subset of `num_nodes` nodes of a benchdata Graph, induced edges kept."""
-    if num_nodes is None or num_nodes >= graph.num_nodes:
-        return graph
-    import benchdata
-
-    keep = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(seed))
-    keep = keep[:num_nodes].sort().values
-    position = torch.full((graph.num_nodes,), -1, dtype=torch.long)
-    position[keep] = torch.arange(num_nodes)
-    src, dst = graph.edge_index
-    inside = (position[src] >= 0) & (position[dst] >= 0)
-    return benchdata.Graph(
-        torch.stack([position[src[inside]], position[dst[inside]]]),
-        graph.features[keep],
-        graph.labels[keep],
-    )
