@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks: the gated delta rule kernels and generation throughput."""

@@ -1,0 +1,1 @@
+"""Hybrid Hugging Face causal LMs: configuration, cache, attention, model and conversion."""
