@@ -265,6 +265,15 @@ CASES = [
     Case("gc4nc", ["evaluate", "c"],
          files={"c/meta.json": '{"format": 1, "sha', "c/graph.safetensors": b"x"},
          expect="meta.json", why="a truncated condensed-graph record"),
+    # jet-nemotron
+    Case("jet-nemotron", ["convert", "--layer-types", "attn", "mamba", "--out", "h"],
+         expect="mamba", why="an unknown layer type"),
+    Case("jet-nemotron", ["convert", "--attention-layers", "-1", "--out", "h"], expect="-1",
+         why="a negative layer index"),
+    Case("jet-nemotron", ["distill", "--model", "missing", "--out", "d"], expect="missing",
+         why="a hybrid folder that does not exist"),
+    Case("jet-nemotron", ["bench", "kernels", "--device", "tpu"], expect="tpu",
+         why="an unknown device"),
 ]  # fmt: skip
 
 
