@@ -231,13 +231,15 @@ def test_torch_chunk_form_matches_fla_naive():
 
 # (B, T, H, K, V, chunk_size): T = 1; T not a multiple of the chunk with V = 100 (two V tiles)
 # and K = 60; T one short of a 64-chunk; K = 128 (two K tiles in dq/dk/dw, partial dg sums);
-# K = 256, V = 80 (the largest state tile: 256 x 32, three V programs)
-KERNEL_CASES = [
-    (1, 1, 2, 60, 100, 16),
-    (2, 75, 1, 60, 100, 32),
-    (1, 63, 2, 64, 64, 64),
-    (1, 40, 1, 128, 48, 16),
-    (1, 20, 1, 256, 80, 16),
+# K = 256, V = 80 (the largest state tile: 256 x 32, three V programs); T = 500 (eight chunks)
+# with slow decay (gate_norm 10: the state keeps what it is written for hundreds of steps)
+KERNEL_CASES = [  # (B, T, H, K, V, chunk_size, gate_norm)
+    (1, 1, 2, 60, 100, 16, 1.0),
+    (2, 75, 1, 60, 100, 32, 1.0),
+    (1, 63, 2, 64, 64, 64, 1.0),
+    (1, 40, 1, 128, 48, 16, 1.0),
+    (1, 20, 1, 256, 80, 16, 1.0),
+    (1, 500, 1, 32, 32, 64, 10.0),
 ]
 
 
@@ -257,9 +259,11 @@ def check_kernels(triton_backend, make, chunk_size, dtype=torch.float32):
 
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=str)
 def test_kernels_match_the_recurrence(triton_backend, case):
-    B, T, H, K, V, chunk_size = case
+    B, T, H, K, V, chunk_size, gate_norm = case
     device = device_for_backend(triton_backend)
-    make = gated_delta_inputs(B, T, H, K, V, dtype=torch.float32, device=device)
+    make = gated_delta_inputs(
+        B, T, H, K, V, gate_norm=gate_norm, dtype=torch.float32, device=device
+    )
     report = check_kernels(triton_backend, make, chunk_size)
     assert "grad[initial_state]" in {c.name for c in report.comparisons}
 

@@ -58,20 +58,33 @@ def test_hooks_capture_the_attention_input_and_output():
     torch.testing.assert_close(x1, layer.input_layernorm(hidden[1]), rtol=0, atol=0)
 
 
+@torch.no_grad()
+def _heldout_kl(student, teacher, data: torch.Tensor) -> float:
+    """KL(teacher ‖ student) per token on rows the distillation never saw."""
+    p = F.log_softmax(teacher(input_ids=data).logits, -1)
+    q = F.log_softmax(student(input_ids=data).logits, -1)
+    return (p.exp() * (p - q)).sum(-1).mean().item()
+
+
 def test_both_stages_lower_their_losses_and_only_jetblocks_move():
     source = teacher()
     student = from_pretrained_llama(source, ["attn", "jet", "jet"])
-    frozen = {n: p.detach().clone() for n, p in student.named_parameters() if ".mlp." in n}
-    history = distill(student, source, rows(), DistillConfig(layerwise_steps=40,
-                      end_to_end_steps=40, batch_size=4, lr=3e-3), progress=False)  # fmt: skip
+    blocks = {id(p) for block in jet_blocks(student).values() for p in block.parameters()}
+    before = {n: p.detach().clone() for n, p in student.named_parameters()}
+    heldout = torch.randint(0, VOCAB, (4, 24), generator=torch.Generator().manual_seed(9))
+    kl_before = _heldout_kl(student, source, heldout)
+    config = DistillConfig(layerwise_steps=40, end_to_end_steps=40, batch_size=4, lr=3e-3)
+    history = distill(student, source, rows(), config, progress=False)
     assert len(history.layerwise) == 40
     assert len(history.end_to_end) == 40
     assert sum(history.layerwise[-5:]) < 0.8 * sum(history.layerwise[:5])
     assert sum(history.end_to_end[-5:]) < sum(history.end_to_end[:5])
+    assert _heldout_kl(student, source, heldout) < kl_before
     for name, parameter in student.named_parameters():
-        if name in frozen:
-            assert torch.equal(parameter, frozen[name]), name
-    assert sorted(jet_blocks(student)) == [1, 2]
+        moved = not torch.equal(parameter, before[name])
+        assert moved == (id(parameter) in blocks), name
+    # what distill switched off meanwhile is trainable again (the MLPs stay frozen)
+    assert all(p.requires_grad == (".mlp." not in n) for n, p in student.named_parameters())
 
 
 def test_heldout_loss_is_the_mean_next_token_cross_entropy():
@@ -102,3 +115,8 @@ def test_bad_rows_and_students_are_refused():
         distill(from_pretrained_llama(source, ["jet"] * 3), source, rows().float())
     with pytest.raises(ValueError, match="no JetBlock"):
         distill(from_pretrained_llama(source, ["attn"] * 3), source, rows())
+    other = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB + 1, hidden_size=32,
+                             intermediate_size=64, num_hidden_layers=3, num_attention_heads=2,
+                             num_key_value_heads=1))  # fmt: skip
+    with pytest.raises(ValueError, match=r"not a hybrid of this teacher.*vocab_size"):
+        distill(from_pretrained_llama(source, ["jet"] * 3), other, rows())

@@ -23,6 +23,7 @@ CASES = [  # (B, T, H, K, V), gate_logit_normalizer: every gate scale at the sho
     *[((1, 20, 2, 128, 128), n) for n in (0.1, 1.0, 10.0)],
     ((2, 63, 2, 60, 100), 1.0),
     ((1, 75, 1, 100, 60), 10.0),
+    ((1, 500, 1, 16, 16), 10.0),  # 32 checkpoint segments, slow decay
 ]
 
 
@@ -45,16 +46,35 @@ def test_fused_recurrent_triton_matches_recurrence(
     all_close(actual, expected, FLOAT32_RTOL)
 
 
-def test_fused_recurrent_grouped_value_heads(
-    triton_backend, make_gdn_inputs, run_with_grads, all_close
-):
-    """HV = 4 value heads on H = 2 query/key heads == the same run with q, k repeated."""
-    inputs = make_gdn_inputs(1, 9, 2, 32, 16, HV=4, device=device_for_backend(triton_backend))
-    actual = run_with_grads(fused_recurrent_gated_delta_rule, inputs, backend=triton_backend)
+def _per_value_head_oracle(q, k, v, g, beta, initial_state, output_final_state):
+    """Grouped value heads from first principles: value head ``i`` runs the recurrence with query
+    and key head ``i // (HV / H)``, one head at a time (float64)."""
+    H, HV = q.shape[2], v.shape[2]
+    outputs, states = [], []
+    for i in range(HV):
+        j = i // (HV // H)
+        o, S = naive_recurrent_gated_delta_rule(
+            q[:, :, j : j + 1], k[:, :, j : j + 1], v[:, :, i : i + 1], g[:, :, i : i + 1],
+            beta[:, :, i : i + 1], initial_state=initial_state[:, i : i + 1],
+            output_final_state=True,
+        )  # fmt: skip
+        outputs.append(o)
+        states.append(S)
+    return torch.cat(outputs, 2), torch.cat(states, 1)
+
+
+@pytest.mark.parametrize("form", ["chunk", "fused_recurrent"])
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_grouped_value_heads(form, backend, make_gdn_inputs, run_with_grads, all_close, request):
+    """HV = 6 value heads on H = 2 query/key heads (three value heads per key head)."""
+    if backend == "triton":
+        backend = request.getfixturevalue("triton_backend")
+    op = chunk_gated_delta_rule if form == "chunk" else fused_recurrent_gated_delta_rule
+    options = {"chunk_size": 16} if form == "chunk" else {}
+    inputs = make_gdn_inputs(1, 21, 2, 32, 16, HV=6, device=device_for_backend(backend))
+    actual = run_with_grads(op, inputs, backend=backend, **options)
     expected = run_with_grads(
-        lambda q, k, **rest: naive_recurrent_gated_delta_rule(
-            q.repeat_interleave(2, dim=2), k.repeat_interleave(2, dim=2), **rest
-        ),
+        _per_value_head_oracle,
         {n: x.detach().cpu().double().requires_grad_() for n, x in inputs.items()},
     )
     all_close(actual, expected, FLOAT32_RTOL)

@@ -127,9 +127,7 @@ def _distill(args: argparse.Namespace) -> int:
 
     lm = benchdata.smollm2_135m()
     teacher = lm.model.eval()
-    student = HybridForCausalLM.from_pretrained(args.model)
-    for name, param in student.named_parameters():
-        param.requires_grad_(".mlp." not in name)  # the MLPs stay frozen, as PostNAS does
+    student = HybridForCausalLM.from_pretrained(args.model)  # distill trains the JetBlocks only
     rows = text_rows(lm.tokenizer, args.source, seq_len=args.seq_len)
     config = DistillConfig(
         layerwise_steps=args.layerwise_steps, end_to_end_steps=args.end_to_end_steps,

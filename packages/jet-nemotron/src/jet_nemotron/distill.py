@@ -8,8 +8,11 @@ Two stages, both against the original (teacher) model on real text:
    JetBlocks' own forward and backward run, so hundreds of steps fit on a CPU.
 2. **End-to-end**: the hybrid's next-token distribution is pulled towards the teacher's
    (KL(teacher ‖ student) at a temperature) plus the relative squared error of every layer's
-   hidden state, backpropagating through the whole hybrid. Only parameters that require grad
-   move (with :func:`jet_nemotron.from_pretrained_llama`'s defaults: the JetBlocks).
+   hidden state, backpropagating through the whole hybrid.
+
+In both stages only the JetBlocks' parameters move (those that require grad): embeddings, norms,
+MLPs, the LM head and the attention layers that were kept stay as the original model has them,
+as in PostNAS, which trains the new attention blocks of a frozen pretrained model.
 """
 
 from __future__ import annotations
@@ -116,6 +119,21 @@ def _teacher_attention(teacher: nn.Module, layers: list[int], input_ids: torch.T
     return {index: (x, y) for index, (x, y) in captured.items()}
 
 
+def _check_pair(student: nn.Module, teacher: nn.Module) -> None:
+    """The student must be a hybrid of the teacher: same vocabulary, depth and width."""
+    fields = ("vocab_size", "num_hidden_layers", "hidden_size")
+    mismatched = {
+        name: (getattr(student.config, name, None), getattr(teacher.config, name, None))
+        for name in fields
+        if getattr(student.config, name, None) != getattr(teacher.config, name, None)
+    }
+    if mismatched:
+        raise ValueError(
+            "the student is not a hybrid of this teacher: (student, teacher) "
+            + ", ".join(f"{name} {values}" for name, values in mismatched.items())
+        )
+
+
 def _bar(progress: bool | None) -> dict[str, Any]:
     """tqdm options: on a terminal only (``None``), sparse updates."""
     return {"disable": None if progress is None else not progress, "mininterval": 10}
@@ -162,15 +180,23 @@ def distill(
     blocks = jet_blocks(student)
     if not blocks:
         raise ValueError("the student has no JetBlock to distil")
+    _check_pair(student, teacher)
     device = next(student.parameters()).device
     teacher.eval()
     history = DistillHistory()
     batches = _batches(rows, config.batch_size, config.seed)
+    params = [p for block in blocks.values() for p in block.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the student's JetBlocks have no parameter that requires grad")
+    trained = {id(p) for p in params}
+    # nothing else needs a weight gradient (it would only cost time): switched off meanwhile
+    others = [p for p in student.parameters() if p.requires_grad and id(p) not in trained]
     was_training = student.training
+    for p in others:
+        p.requires_grad_(False)
     student.train()
     try:
         if config.layerwise_steps:
-            params = [p for block in blocks.values() for p in block.parameters() if p.requires_grad]
             optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
             bar = tqdm(range(config.layerwise_steps), desc="layer-wise", **_bar(progress))
             for _ in bar:
@@ -181,7 +207,6 @@ def distill(
                 history.layerwise.append(loss.item())
                 _log("layer-wise", history.layerwise, config.layerwise_steps)
         if config.end_to_end_steps:
-            params = [p for p in student.parameters() if p.requires_grad]
             optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
             bar = tqdm(range(config.end_to_end_steps), desc="end-to-end", **_bar(progress))
             for _ in bar:
@@ -191,6 +216,8 @@ def distill(
                 _log("end-to-end", history.end_to_end, config.end_to_end_steps)
     finally:
         student.train(was_training)
+        for p in others:
+            p.requires_grad_(True)
     return history
 
 

@@ -20,6 +20,7 @@ from jet_nemotron.kernels.chunk_forward import (
     head_tile,
     load_chunk_gates,
     load_tile,
+    state_tile,
     state_tiles,
     store_tile,
 )
@@ -63,14 +64,7 @@ def _chunk_bwd_dhu_kernel(
     """One program per (V tile, b·h), a loop over the chunks from the last with the ``(BK, BV)``
     state gradient in registers: store ``dh = dS``, ``dv_new = dv + (k ⊙ e^{gc_C - gc}) dS``,
     ``dS ← e^{gc_C} dS + scale (q ⊙ e^{gc})ᵀ do - wᵀ dv_new``."""
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_s = (o_k < K)[:, None] & (o_v < V)[None, :]
-    tile = o_k[:, None] * V + o_v[None, :]
+    _, i_bh, i_b, i_h, o_k, o_v, m_s, tile = state_tile(H, K, V, BK, BV)
     dS = tl.zeros((BK, BV), dtype=tl.float32)
     if HAS_FINAL_GRAD:
         dS = tl.load(dht_ptr + i_bh * K * V + tile, mask=m_s, other=0.0).to(tl.float32)

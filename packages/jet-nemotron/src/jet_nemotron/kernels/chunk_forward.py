@@ -52,6 +52,19 @@ def chunk_rows(i_t, i_bh, T, H, BT: tl.constexpr):
 
 
 @triton.jit
+def state_tile(H, K, V, BK: tl.constexpr, BV: tl.constexpr):
+    """The program of a state kernel, one per (V tile, b·h): ``(i_v, i_bh, i_b, i_h)``, the K and
+    V offsets, the tile's mask and its offsets in a row-major ``(K, V)`` state."""
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_s = (o_k < K)[:, None] & (o_v < V)[None, :]
+    tile = o_k[:, None] * V + o_v[None, :]
+    return i_v, i_bh, i_bh // H, i_bh % H, o_k, o_v, m_s, tile
+
+
+@triton.jit
 def load_tile(ptr, rows, m_t, o_d, D):
     """``ptr[rows, o_d]`` of a row-major ``(-, D)`` matrix, 0 outside the rows' and ``D``'s
     masks."""
@@ -205,14 +218,7 @@ def _chunk_fwd_h_kernel(
     """One program per (V tile, b·h), a loop over the chunks with the ``(BK, BV)`` state tile in
     registers: store ``h`` (the state entering the chunk), ``v_new = u - w S``,
     ``S ← e^{gc_C} S + (k ⊙ e^{gc_C - gc})ᵀ v_new``."""
-    i_v = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_s = (o_k < K)[:, None] & (o_v < V)[None, :]
-    tile = o_k[:, None] * V + o_v[None, :]
+    _, i_bh, i_b, i_h, o_k, o_v, m_s, tile = state_tile(H, K, V, BK, BV)
     S = tl.zeros((BK, BV), dtype=tl.float32)
     if HAS_INITIAL:
         S = tl.load(h0_ptr + i_bh * K * V + tile, mask=m_s, other=0.0).to(tl.float32)

@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels_common.triton_utils import cdiv, device_guard, next_power_of_2
+from jet_nemotron.kernels.chunk_forward import state_tile, state_tiles
+from kernels_common.triton_utils import cdiv, device_guard
 
 SEGMENT = 16
 
@@ -42,14 +43,7 @@ def _recurrent_forward_kernel(
     HAS_INITIAL: tl.constexpr, STORE_FINAL: tl.constexpr, CHECKPOINT: tl.constexpr,
 ):  # fmt: skip
     """``S ← e^g S; u = β (v - Sᵀk); S ← S + k uᵀ; o = scale · Sᵀq`` for every token."""
-    pid_v = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
-    offs_k = tl.arange(0, BK)
-    offs_v = pid_v * BV + tl.arange(0, BV)
-    mask_s = (offs_k < K)[:, None] & (offs_v < V)[None, :]
-    tile = offs_k[:, None] * V + offs_v[None, :]
+    _, bh, b, h, offs_k, offs_v, mask_s, tile = state_tile(H, K, V, BK, BV)
     S = tl.zeros((BK, BV), dtype=tl.float32)
     if HAS_INITIAL:
         S = tl.load(s0_ptr + bh * K * V + tile, mask=mask_s, other=0.0)
@@ -85,16 +79,9 @@ def _recurrent_backward_kernel(
     ``dp = -β du``, ``dv = β du``, ``dβ = du·(v - p)``, ``dS_d = dS + k dpᵀ``,
     ``dg = a <dS_d, S_{t-1}>`` and ``dS_{t-1} = a dS_d``.
     """
-    pid_v = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
-    offs_k = tl.arange(0, BK)
-    offs_v = pid_v * BV + tl.arange(0, BV)
+    pid_v, bh, b, h, offs_k, offs_v, mask_s, tile = state_tile(H, K, V, BK, BV)
     mask_k = offs_k < K
     mask_v = offs_v < V
-    mask_s = mask_k[:, None] & mask_v[None, :]
-    tile = offs_k[:, None] * V + offs_v[None, :]
     scratch = scratch_ptr + (bh * N_VT + pid_v) * SEGMENT * BK * BV
     scratch_tile = offs_k[:, None] * BV + tl.arange(0, BV)[None, :]
     dS = tl.zeros((BK, BV), dtype=tl.float32)
@@ -149,12 +136,6 @@ def _recurrent_backward_kernel(
     tl.store(ds0_ptr + bh * K * V + tile, dS, mask=mask_s)
 
 
-def _tiles(K: int, V: int) -> tuple[int, int]:
-    BK = max(16, next_power_of_2(K))
-    BV = min(max(16, next_power_of_2(V)), 64 if BK <= 64 else 32)
-    return BK, BV
-
-
 def recurrent_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -173,7 +154,7 @@ def recurrent_forward(
     """
     B, T, H, K = q.shape
     V = v.shape[-1]
-    BK, BV = _tiles(K, V)
+    BK, BV = state_tiles(K, V)
     n_segments = cdiv(T, SEGMENT)
     o = torch.empty(B, T, H, V, device=q.device, dtype=q.dtype)
     final = torch.empty(B, H, K, V, device=q.device, dtype=torch.float32)
@@ -203,7 +184,7 @@ def recurrent_backward(
     the inputs' shapes; the state gradient ``(B, H, K, V)``)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    BK, BV = _tiles(K, V)
+    BK, BV = state_tiles(K, V)
     n_vt = cdiv(V, BV)
     device = q.device
     dq = torch.empty(n_vt, B, T, H, K, device=device)

@@ -6,9 +6,12 @@ static kernel the conv starts from.
 
 Initialisation. The reference block zero-initialises both generator weights so that it starts as
 a static conv; but then the gradient of each weight is a product with the other (zero) one, and
-neither ever moves. Here the first weight keeps PyTorch's ``nn.Linear`` initialisation and only
-the second is zero: the block still starts as exactly the static conv given by the bias, the
-second weight gets a gradient at once (``SiLU(W1 x) ≠ 0``) and the first one from the step after.
+neither ever moves. (The reference *model* then re-draws every linear weight from
+``N(0, initializer_range)`` and zeroes every bias, static kernel included: its generators learn,
+but do not start as a static conv.) Here the first weight is drawn from ``N(0, init_std)`` and
+only the second is zero: the block starts as exactly the static conv given by the bias
+(``N(0, init_std)``), the second weight gets a gradient at once (``SiLU(W1 x) ≠ 0``) and the first
+one from the step after.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ class DynamicShortConvolution(nn.Module):
         generator_input_size: width of the generator's input (the block's hidden size).
         kernel_size: ``W`` (the paper uses 4).
         generator_reduction: the generator's bottleneck is ``D // generator_reduction``.
-        static_init_std: standard deviation of the static kernel (the output bias).
+        init_std: standard deviation of the first generator weight and of the static kernel
+            (the output bias); the reference uses the model's ``initializer_range``.
 
     Example:
         >>> import torch
@@ -44,7 +48,7 @@ class DynamicShortConvolution(nn.Module):
         generator_input_size: int,
         kernel_size: int = 4,
         generator_reduction: int = 8,
-        static_init_std: float = 0.02,
+        init_std: float = 0.02,
     ) -> None:
         super().__init__()
         if hidden_size < generator_reduction:
@@ -59,8 +63,9 @@ class DynamicShortConvolution(nn.Module):
         self.kernel_generator.add_module("w1", nn.Linear(generator_input_size, bottleneck, False))
         self.kernel_generator.add_module("act", nn.SiLU())
         self.kernel_generator.add_module("w2", nn.Linear(bottleneck, hidden_size * kernel_size))
+        nn.init.normal_(self.kernel_generator.w1.weight, std=init_std)
         nn.init.zeros_(self.kernel_generator.w2.weight)
-        nn.init.normal_(self.kernel_generator.w2.bias, std=static_init_std)
+        nn.init.normal_(self.kernel_generator.w2.bias, std=init_std)
 
     def kernels(self, generator_input: torch.Tensor) -> torch.Tensor:
         """``(..., hidden) -> (..., D, W)`` per-token kernels."""

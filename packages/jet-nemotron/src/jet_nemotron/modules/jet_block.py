@@ -121,7 +121,9 @@ class JetBlock(nn.Module):
         hidden_size: model width.
         config: the block's shape.
         layer_idx: position in the model (for caches and messages).
-        initializer_range: standard deviation of the static convolution kernel.
+        initializer_range: standard deviation of the linear weights (the reference model's
+            ``N(0, initializer_range)``), the generator's first weight and the static
+            convolution kernel.
 
     Example:
         >>> import torch
@@ -160,11 +162,14 @@ class JetBlock(nn.Module):
             generator_input_size=hidden_size,
             kernel_size=config.conv_size,
             generator_reduction=config.dconv_generator_reduction,
-            static_init_std=initializer_range,
+            init_std=initializer_range,
         )
         self.g_proj = nn.Linear(hidden_size, config.value_dim, bias=False)
         self.o_norm = GatedRMSNorm(config.head_v_dim, eps=config.norm_eps)
         self.o_proj = nn.Linear(config.value_dim, hidden_size, bias=False)
+        for linear in (self.q_proj, self.k_proj, self.v_proj, self.b_proj, self.a_proj,
+                       self.g_proj, self.o_proj):  # fmt: skip
+            nn.init.normal_(linear.weight, std=initializer_range)
 
     def _mode(self, length: int) -> str:
         if self.training:

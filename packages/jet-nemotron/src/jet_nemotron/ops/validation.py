@@ -55,14 +55,14 @@ def check_gated_delta_inputs(
     _shape("beta", beta, (B, T, HV), "(B, T, HV)")
     if len({q.dtype, k.dtype, v.dtype}) != 1:
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    tensors = [*named.values()] + ([initial_state] if initial_state is not None else [])
-    devices = {x.device for x in tensors}
-    if len(devices) != 1:
-        raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
     if initial_state is not None:
         if not isinstance(initial_state, torch.Tensor) or not initial_state.is_floating_point():
             raise TypeError("initial_state must be a floating-point torch.Tensor (B, HV, K, V)")
         _shape("initial_state", initial_state, (B, HV, K, V), "(B, HV, K, V)")
+    tensors = [*named.values()] + ([initial_state] if initial_state is not None else [])
+    devices = {x.device for x in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
     if min(K, V) < 1:
         raise ValueError(f"head dimensions must be positive, got K={K}, V={V}")
     if T < 1:

@@ -4,9 +4,9 @@ PNG plots and a Markdown summary.
 1. Load SmolLM2-135M-Instruct (benchdata) and real text (ShareGPT first exchanges).
 2. Keep full attention in the few layers whose attention matters most for the held-out loss
    (each layer's attention ablated in turn), turn every other layer into a JetBlock initialised
-   from its attention, MLPs frozen.
-3. Distil the JetBlocks (layer-wise, then end-to-end) and measure the held-out loss gap to the
-   original before and after.
+   from its attention.
+3. Distil the JetBlocks, layer-wise then end-to-end (everything else stays the original's), and
+   measure the held-out loss gap to the original before and after.
 4. Passkey retrieval at growing contexts, original vs hybrid.
 5. Decoding throughput and cache size at 1k-64k tokens of context, original vs hybrid.
 """

@@ -70,7 +70,7 @@ def _plots(out: Path, measured: dict[str, Any], settings: dict[str, Any]) -> tup
     contexts = {n: [p["context"] for p in ps] for n, ps in decoding.items()}
     plot_curves(
         {n: (contexts[n], [p["tokens_per_s"] for p in ps]) for n, ps in decoding.items()},
-        out / "decode_throughput.png", title="decoding after a prefill (batch 1, CPU)",
+        out / "decode_throughput.png", title="greedy decoding after a filled cache (batch 1, CPU)",
         xlabel="context (tokens)", ylabel="tokens / s", logx=True, logy=True, markers=True,
     )  # fmt: skip
     plot_curves(
