@@ -45,6 +45,8 @@ def test_decoding_from_a_filled_cache_runs_for_both_models():
         point = decode_point(model, 20, new_tokens=2)
         assert point.context == 20
         assert point.tokens_per_s > 0
+        # a real prefill of 20 tokens leaves a cache of the same size as the filled one
+        assert decode_point(model, 20, 2, real_prefill=True).cache_bytes == point.cache_bytes
 
 
 def test_convert_command_writes_a_loadable_hybrid(tmp_path):

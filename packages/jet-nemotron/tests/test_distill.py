@@ -120,3 +120,19 @@ def test_bad_rows_and_students_are_refused():
                              num_key_value_heads=1))  # fmt: skip
     with pytest.raises(ValueError, match=r"not a hybrid of this teacher.*vocab_size"):
         distill(from_pretrained_llama(source, ["jet"] * 3), other, rows())
+
+
+def test_attention_importance_is_the_loss_without_that_attention():
+    """Oracle: a copy whose layer-i o_proj is zero (so its attention adds nothing)."""
+    import copy
+
+    from jet_nemotron.reproduce.importance import attention_importance
+
+    model, data = teacher(), rows(3, 12)
+    importance = attention_importance(model, data)
+    base = heldout_loss(model, data)
+    for index in range(3):
+        ablated = copy.deepcopy(model)
+        torch.nn.init.zeros_(ablated.model.layers[index].self_attn.o_proj.weight)
+        expected = heldout_loss(ablated, data) - base
+        assert importance[index] == pytest.approx(expected, rel=1e-5, abs=1e-6)

@@ -67,7 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--out", type=cli.output_folder, default=None)
     bench.add_argument("--seq-lens", type=cli.positive_int, nargs="+", default=None,
                        help="kernels: sequence lengths; generation: context lengths")  # fmt: skip
-    bench.add_argument("--repeat", type=cli.positive_int, default=5)
+    bench.add_argument(
+        "--repeat", type=cli.positive_int, default=5,
+        help="kernels: timed rounds; generation: 4x this many decoding steps",
+    )  # fmt: skip
+    bench.add_argument(
+        "--real-prefill", action="store_true",
+        help="generation: prefill random tokens instead of filling the cache",
+    )  # fmt: skip
     _add_layer_arguments(bench)
 
     repro = commands.add_parser("reproduce", help="the paper's claims at CPU scale")
@@ -148,7 +155,9 @@ def _bench_generation(args: argparse.Namespace, source, hybrid) -> int:
 
     contexts = args.seq_lens or [1024, 4096, 16384, 65536]
     models = {"original": source.to(args.device), "hybrid": hybrid.to(args.device).eval()}
-    results = decode_sweep(models, contexts, new_tokens=args.repeat * 4)
+    results = decode_sweep(
+        models, contexts, new_tokens=args.repeat * 4, real_prefill=args.real_prefill
+    )
     for name, points in results.items():
         for point in points:
             print(f"{name:>9} {point['context']:>7} tokens: {point['tokens_per_s']:8.1f} tok/s, "

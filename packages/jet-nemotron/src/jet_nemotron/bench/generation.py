@@ -4,7 +4,8 @@ source model, side by side in one process.
 A decoding step's cost depends on how much the cache holds, not on what it holds, so each
 context of ``L`` tokens is represented by a cache filled with ``L`` positions of random keys and
 values (and random JetBlock states): that makes 16k-64k contexts measurable on a CPU, where a
-real prefill of the full-attention model would take many minutes. Each measurement is the median
+real prefill of the full-attention model would take many minutes (``real_prefill=True`` runs
+one instead, to check that the two agree). Each measurement is the median
 time of ``new_tokens`` greedy decoding steps (batch ``batch_size``), as tokens per second, and
 the bytes the cache holds.
 """
@@ -69,16 +70,33 @@ def filled_cache(model: Any, context: int, batch_size: int = 1) -> Any:
     return cache
 
 
+def _prefilled_cache(model: Any, context: int, batch_size: int) -> tuple[Any, torch.Tensor]:
+    """The cache after a real prefill of ``context`` random tokens, and the next token."""
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (batch_size, context), generator=generator)
+    output = model(input_ids=ids.to(device), use_cache=True)
+    return getattr(output, CACHE_FIELD), output.logits[:, -1:].argmax(-1)
+
+
 @torch.no_grad()
 def decode_point(
-    model: Any, context: int, new_tokens: int = 16, batch_size: int = 1
+    model: Any,
+    context: int,
+    new_tokens: int = 16,
+    batch_size: int = 1,
+    real_prefill: bool = False,
 ) -> DecodePoint:
-    """Median tokens/s of greedy decoding steps after a ``context``-token (random) cache."""
+    """Median tokens/s of greedy decoding steps after a ``context``-token cache: random content
+    (default) or a real prefill of random tokens (``real_prefill``)."""
     model.eval()
     device = next(model.parameters()).device
-    cache = filled_cache(model, context, batch_size)
+    if real_prefill:
+        cache, token = _prefilled_cache(model, context, batch_size)
+    else:
+        cache = filled_cache(model, context, batch_size)
+        token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
     size = _cache_bytes(cache)
-    token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
     times = []
     for _ in range(new_tokens + 1):  # the first step is a warm-up
         start = time.perf_counter()
@@ -108,6 +126,7 @@ def decode_sweep(
     new_tokens: int = 16,
     batch_size: int = 1,
     max_cache_bytes: int = 8 * 2**30,
+    real_prefill: bool = False,
 ) -> dict[str, list[dict[str, float]]]:
     """:func:`decode_point` for every model at every context, the models interleaved per context.
 
@@ -121,7 +140,7 @@ def decode_sweep(
                 LOGGER.info("%s at %d tokens: cache of %.1f GiB skipped", name, context,
                             estimate / 2**30)  # fmt: skip
                 continue
-            point = decode_point(model, context, new_tokens, batch_size)
+            point = decode_point(model, context, new_tokens, batch_size, real_prefill)
             LOGGER.info("%s at %d tokens: %.1f tokens/s, cache %.1f MiB", name, context,
                         point.tokens_per_s, point.cache_bytes / 2**20)  # fmt: skip
             results[name].append(asdict(point))

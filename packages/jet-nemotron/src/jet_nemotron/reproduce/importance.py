@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-
-@torch.no_grad()
-def _loss(model: nn.Module, rows: torch.Tensor) -> float:
-    logits = model(input_ids=rows, use_cache=False).logits[:, :-1].float()
-    return F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten()).item()
+from jet_nemotron.distill import heldout_loss
 
 
 @torch.no_grad()
@@ -18,8 +13,7 @@ def attention_importance(model: nn.Module, rows: torch.Tensor) -> dict[int, floa
     """Loss increase (nats/token) on ``rows (N, L)`` when layer ``i``'s attention output is
     replaced by zeros, for every layer of a Hugging Face Llama-style causal LM
     (``model.model.layers[i].self_attn``)."""
-    model.eval()
-    base = _loss(model, rows)
+    base = heldout_loss(model, rows)
     importance = {}
     for index, layer in enumerate(model.model.layers):
 
@@ -28,7 +22,7 @@ def attention_importance(model: nn.Module, rows: torch.Tensor) -> dict[int, floa
 
         handle = layer.self_attn.register_forward_hook(zero)
         try:
-            importance[index] = _loss(model, rows) - base
+            importance[index] = heldout_loss(model, rows) - base
         finally:
             handle.remove()
     return importance
