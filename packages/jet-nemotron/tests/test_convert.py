@@ -149,7 +149,7 @@ def test_bad_conversions_say_what_is_wrong():
         from_pretrained_llama(original, ["attn", "gdn", "attn"])
     with pytest.raises(ValueError, match="give sliding_window"):
         from_pretrained_llama(original, ["attn", "swa", "attn"])
-    with pytest.raises(ValueError, match="init_from_attention needs the JetBlock's num_heads"):
+    with pytest.raises(ValueError, match="needs its q/k projections to be the attention's"):
         from_pretrained_llama(
             original, ["attn", "jet", "attn"], jet_block={"num_heads": 2, "head_dim": 16}
         )

@@ -10,7 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from jet_nemotron.distill import (
     DistillConfig,
-    _teacher_attention,
+    attention_io,
     distill,
     heldout_loss,
     jet_blocks,
@@ -41,7 +41,7 @@ def rows(n: int = 16, length: int = 24) -> torch.Tensor:
 def test_hooks_capture_the_attention_input_and_output():
     model = teacher()
     ids = rows(2)
-    pairs = _teacher_attention(model, [0, 1], ids)
+    pairs = attention_io(model, [0, 1], ids)
     assert sorted(pairs) == [0, 1]
     x0, _ = pairs[0]
     expected = model.model.layers[0].input_layernorm(model.model.embed_tokens(ids))

@@ -23,6 +23,7 @@ from jet_nemotron.ops.gated_delta import (
     fused_recurrent_gated_delta_rule,
     naive_recurrent_gated_delta_rule,
 )
+from jet_nemotron.ops.gated_linear import chunk_gla, fused_recurrent_gla, naive_recurrent_gla
 from jet_nemotron.probe import passkey_accuracy, passkey_trial
 
 _MODELS = {
@@ -65,13 +66,16 @@ __all__ = [
     "TokenRows",
     "__version__",
     "chunk_gated_delta_rule",
+    "chunk_gla",
     "distill",
     "dynamic_causal_conv",
     "dynamic_causal_conv_step",
     "from_pretrained_llama",
     "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_gla",
     "heldout_loss",
     "naive_recurrent_gated_delta_rule",
+    "naive_recurrent_gla",
     "passkey_accuracy",
     "passkey_trial",
     "text_rows",

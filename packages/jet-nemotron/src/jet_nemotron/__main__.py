@@ -1,4 +1,5 @@
-"""Command line: ``jet-nemotron convert | distill | bench | reproduce`` (or ``python -m``)."""
+"""Command line: ``jet-nemotron convert | distill | bench | postnas | reproduce`` (or
+``python -m``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from jet_nemotron.postnas.cli import add_postnas_parser, run_postnas
 from kernels_common import cli
 
 LAYER_TYPES = ("attn", "swa", "jet")
@@ -77,9 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     _add_layer_arguments(bench)
 
+    add_postnas_parser(commands)
     repro = commands.add_parser("reproduce", help="the paper's claims at CPU scale")
     repro.add_argument("--quick", action="store_true", help="the few-minute version")
     repro.add_argument("--out", type=cli.output_folder, default=Path("reports/jet-nemotron"))
+    repro.add_argument(
+        "--part", choices=("all", "jetblock", "postnas"), default="all",
+        help="the JetBlock hybrid's claims, the PostNAS search's, or both (default)",
+    )  # fmt: skip
     return cli.run(parser, _dispatch, argv)
 
 
@@ -91,11 +98,14 @@ def _smollm2():
 
 def _dispatch(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "postnas":
+        return run_postnas(args)
     if args.command == "reproduce":
         from jet_nemotron.reproduce import reproduce
 
         with cli.atomic_folder(args.out) as staging:  # the results appear whole, or not at all
-            results = reproduce(staging, quick=args.quick)
+            parts = ("jetblock", "postnas") if args.part == "all" else (args.part,)
+            results = reproduce(staging, quick=args.quick, parts=parts)
         for claim in results.claims:
             logging.getLogger("jet_nemotron").info(
                 "%s: measured %.4f %s (%s)", claim.name, claim.measured, claim.unit,

@@ -90,12 +90,14 @@ def _batches(rows: torch.Tensor, batch_size: int, seed: int) -> Iterator[torch.T
                 yield rows[index]
 
 
-def _relative_mse(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def relative_mse(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean squared error of ``prediction`` over the mean square of ``target`` (float32)."""
     return (prediction.float() - target.float()).square().mean() / target.float().square().mean()
 
 
-def _teacher_attention(teacher: nn.Module, layers: list[int], input_ids: torch.Tensor):
-    """Run the teacher; return ``{layer: (attention input, attention output)}``."""
+def attention_io(teacher: nn.Module, layers: list[int], input_ids: torch.Tensor):
+    """Run the teacher (no grad); return ``{layer: (attention input, attention output)}`` of the
+    mixers at ``teacher.model.layers[i].self_attn``."""
     captured: dict[int, list[torch.Tensor]] = {}
     handles = []
     decoder_layers = teacher.model.layers
@@ -134,18 +136,21 @@ def _check_pair(student: nn.Module, teacher: nn.Module) -> None:
         )
 
 
-def _bar(progress: bool | None) -> dict[str, Any]:
+def progress_options(progress: bool | None) -> dict[str, Any]:
     """tqdm options: on a terminal only (``None``), sparse updates."""
     return {"disable": None if progress is None else not progress, "mininterval": 10}
 
 
-def _log(stage: str, losses: list[float], steps: int) -> None:
+def log_progress(stage: str, losses: list[float], steps: int) -> None:
     """A log line every tenth of a stage (progress bars are off when stderr is not a terminal)."""
     if len(losses) % max(1, steps // 10) == 0 or len(losses) == steps:
         logger.info("%s step %d/%d: loss %.4f", stage, len(losses), steps, losses[-1])
 
 
-def _step(loss: torch.Tensor, params: list[nn.Parameter], optimizer, max_grad_norm: float):
+def optimizer_step(
+    loss: torch.Tensor, params: list[nn.Parameter], optimizer: Any, max_grad_norm: float
+) -> None:
+    """Backward, clip ``params``' gradient norm, step."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
@@ -198,22 +203,26 @@ def distill(
     try:
         if config.layerwise_steps:
             optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
-            bar = tqdm(range(config.layerwise_steps), desc="layer-wise", **_bar(progress))
+            bar = tqdm(
+                range(config.layerwise_steps), desc="layer-wise", **progress_options(progress)
+            )
             for _ in bar:
-                pairs = _teacher_attention(teacher, sorted(blocks), next(batches).to(device))
-                loss = sum(_relative_mse(blocks[i](x)[0], y) for i, (x, y) in pairs.items())
+                pairs = attention_io(teacher, sorted(blocks), next(batches).to(device))
+                loss = sum(relative_mse(blocks[i](x)[0], y) for i, (x, y) in pairs.items())
                 loss = loss / len(pairs)
-                _step(loss, params, optimizer, config.max_grad_norm)
+                optimizer_step(loss, params, optimizer, config.max_grad_norm)
                 history.layerwise.append(loss.item())
-                _log("layer-wise", history.layerwise, config.layerwise_steps)
+                log_progress("layer-wise", history.layerwise, config.layerwise_steps)
         if config.end_to_end_steps:
             optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
-            bar = tqdm(range(config.end_to_end_steps), desc="end-to-end", **_bar(progress))
+            bar = tqdm(
+                range(config.end_to_end_steps), desc="end-to-end", **progress_options(progress)
+            )
             for _ in bar:
                 loss = _end_to_end_loss(student, teacher, next(batches).to(device), config)
-                _step(loss, params, optimizer, config.max_grad_norm)
+                optimizer_step(loss, params, optimizer, config.max_grad_norm)
                 history.end_to_end.append(loss.item())
-                _log("end-to-end", history.end_to_end, config.end_to_end_steps)
+                log_progress("end-to-end", history.end_to_end, config.end_to_end_steps)
     finally:
         student.train(was_training)
         for p in others:
@@ -227,7 +236,20 @@ def _end_to_end_loss(
     with torch.no_grad():
         target = teacher(input_ids=input_ids, output_hidden_states=True, use_cache=False)
     output = student(input_ids=input_ids, output_hidden_states=True, use_cache=False)
-    t = config.temperature
+    return distillation_loss(output, target, config.temperature, config.hidden_weight)
+
+
+def distillation_loss(
+    output: Any, target: Any, temperature: float, hidden_weight: float
+) -> torch.Tensor:
+    """KL(teacher ‖ student) of the next-token distributions at ``temperature`` (scaled by its
+    square) plus ``hidden_weight`` times the mean relative squared error of every layer's output.
+
+    Args:
+        output, target: the student's and the teacher's causal-LM outputs, both with ``logits
+            (B, T, vocab)`` and ``hidden_states`` (embeddings first, as transformers returns them).
+    """
+    t = temperature
     kl = F.kl_div(
         F.log_softmax(output.logits.float() / t, -1).flatten(0, 1),
         F.log_softmax(target.logits.float() / t, -1).flatten(0, 1),
@@ -235,10 +257,10 @@ def _end_to_end_loss(
         reduction="batchmean",
     ) * (t * t)
     hidden = sum(
-        _relative_mse(s, h)
+        relative_mse(s, h)
         for s, h in zip(output.hidden_states[1:], target.hidden_states[1:], strict=True)
     ) / (len(target.hidden_states) - 1)
-    return kl + config.hidden_weight * hidden
+    return kl + hidden_weight * hidden
 
 
 @torch.no_grad()

@@ -31,13 +31,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch import nn
 from transformers import PreTrainedModel
 
 from jet_nemotron.models.configuration import HybridConfig
 from jet_nemotron.models.modeling import HybridForCausalLM
-from jet_nemotron.modules.jet_block import JetBlock, JetBlockConfig
+from jet_nemotron.modules.jet_block import JetBlockConfig
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def _hybrid_config(
@@ -99,26 +101,36 @@ def _group_heads(weight: torch.Tensor, num_heads: int, head_dim: int) -> torch.T
 
 
 @torch.no_grad()
-def _init_jet_from_attention(
-    block: JetBlock, state: dict[str, torch.Tensor], prefix: str, config: HybridConfig
+def copy_attention_projections(
+    block: nn.Module, weights: dict[str, torch.Tensor], num_heads: int, head_dim: int
 ) -> None:
-    """Copy (and expand) the replaced attention's q/k/v/o projections into ``block``."""
-    jet = block.config
-    if jet.num_heads != config.num_attention_heads or jet.head_dim != config.head_dim:
+    """Start a linear-attention ``block`` from the q/k/v/o projections of an attention layer.
+
+    ``block`` has bias-free ``q_proj``, ``k_proj`` (``hidden -> num_heads · head_dim``),
+    ``v_proj`` (``hidden -> num_heads · head_v_dim``) and ``o_proj``; ``weights`` holds the
+    attention's ``"q_proj"``, ``"k_proj"``, ``"v_proj"``, ``"o_proj"`` weights (key/value heads
+    possibly grouped). The output projection is copied when its shape matches.
+
+    Raises:
+        ValueError: the block's q/k shape is not the attention's ``num_heads · head_dim``.
+    """
+    H, D = num_heads, head_dim
+    query, key = block.q_proj.weight.shape, block.k_proj.weight.shape
+    if query != weights["q_proj"].shape or key[0] != H * D:
         raise ValueError(
-            f"init_from_attention needs the JetBlock's num_heads and head_dim to be the "
-            f"attention's ({config.num_attention_heads}, {config.head_dim}); got "
-            f"({jet.num_heads}, {jet.head_dim}). Use that shape or init_from_attention=False"
+            f"starting a block from the attention needs its q/k projections to be the "
+            f"attention's {H} heads x {D} dims ({tuple(weights['q_proj'].shape)}); got q "
+            f"{tuple(query)}, k {tuple(key)}. Use "
+            f"that shape or init_from_attention=False"
         )
-    H, D = jet.num_heads, jet.head_dim
-    block.q_proj.weight.copy_(state[f"{prefix}.q_proj.weight"])
-    block.k_proj.weight.copy_(_group_heads(state[f"{prefix}.k_proj.weight"], H, D).flatten(0, 1))
-    value = _group_heads(state[f"{prefix}.v_proj.weight"], H, D)
-    value = value.repeat(1, math.ceil(jet.head_v_dim / D), 1)[:, : jet.head_v_dim]
+    head_v_dim = block.v_proj.weight.shape[0] // H
+    block.q_proj.weight.copy_(weights["q_proj"])
+    block.k_proj.weight.copy_(_group_heads(weights["k_proj"], H, D).flatten(0, 1))
+    value = _group_heads(weights["v_proj"], H, D)
+    value = value.repeat(1, math.ceil(head_v_dim / D), 1)[:, :head_v_dim]
     block.v_proj.weight.copy_(value.flatten(0, 1))
-    out = state[f"{prefix}.o_proj.weight"]
-    if block.o_proj.weight.shape == out.shape:
-        block.o_proj.weight.copy_(out)
+    if block.o_proj.weight.shape == weights["o_proj"].shape:
+        block.o_proj.weight.copy_(weights["o_proj"])
 
 
 def from_pretrained_llama(
@@ -199,9 +211,9 @@ def from_pretrained_llama(
         )
     if init_from_attention:
         for prefix in jet_prefixes:
+            weights = {name: state[f"{prefix}.{name}.weight"] for name in PROJECTIONS}
             block = hybrid.get_submodule(prefix)
-            assert isinstance(block, JetBlock)
-            _init_jet_from_attention(block, state, prefix, config)
+            copy_attention_projections(block, weights, config.num_attention_heads, config.head_dim)
     if freeze_mlp:
         for layer in hybrid.model.layers:
             layer.mlp.requires_grad_(False)

@@ -9,14 +9,19 @@ PNG plots and a Markdown summary.
    measure the held-out loss gap to the original before and after.
 4. Passkey retrieval at growing contexts, original vs hybrid.
 5. Decoding throughput and cache size at 1k-64k tokens of context, original vs hybrid.
+
+These are the ``"jetblock"`` part; the ``"postnas"`` part (:mod:`jet_nemotron.reproduce.postnas`)
+runs the search that designs the hybrid. ``results.json`` holds the claims of the parts run.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,9 +31,13 @@ from jet_nemotron.distill import DistillConfig, distill, heldout_loss
 from jet_nemotron.models.convert import from_pretrained_llama
 from jet_nemotron.probe import passkey_accuracy
 from jet_nemotron.reproduce.importance import attention_importance
+from jet_nemotron.reproduce.postnas import FULL as POSTNAS_FULL
+from jet_nemotron.reproduce.postnas import QUICK as POSTNAS_QUICK
+from jet_nemotron.reproduce.postnas import run_postnas
 from jet_nemotron.reproduce.report import write_results
 
 LOGGER = logging.getLogger(__name__)
+PARTS = ("jetblock", "postnas")
 
 QUICK = {
     "seq_len": 128,
@@ -67,13 +76,10 @@ def _load():
     return lm.model.eval(), lm.tokenizer, benchdata.fortunes_corpus().validation
 
 
-def reproduce(out: Path, *, quick: bool = True) -> object:
-    """Run every step into ``out`` and return the saved :class:`ReproduceResults`."""
-    start = time.perf_counter()
-    settings = QUICK if quick else FULL
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)
-    teacher, tokenizer, filler = _load()
+def run_jetblock(
+    teacher: Any, tokenizer: Any, filler: list[str], settings: dict[str, Any]
+) -> dict[str, Any]:
+    """Steps 2-5 of the module docstring with ``settings``; the measurements."""
     rows = text_rows(tokenizer, "sharegpt", seq_len=settings["seq_len"],
                      num_texts=settings["num_texts"])  # fmt: skip
     heldout = rows.validation[: settings["eval_rows"]]
@@ -105,8 +111,7 @@ def reproduce(out: Path, *, quick: bool = True) -> object:
 
     LOGGER.info("decoding throughput and cache size")
     decoding = decode_sweep(models, settings["decode_contexts"], settings["new_tokens"])
-
-    measured = {
+    return {
         "layer_types": layer_types,
         "kept_attention_layers": keep,
         "importance": importance,
@@ -115,5 +120,28 @@ def reproduce(out: Path, *, quick: bool = True) -> object:
         "passkey": passkey,
         "decoding": decoding,
     }
-    plain = {k: (asdict(v) if k == "distill" else v) for k, v in settings.items()}
-    return write_results(out, measured, plain, quick, time.perf_counter() - start)
+
+
+def _plain(settings: dict[str, Any]) -> dict[str, Any]:
+    return {k: (asdict(v) if is_dataclass(v) else v) for k, v in settings.items()}
+
+
+def reproduce(out: Path, *, quick: bool = True, parts: Sequence[str] = PARTS) -> object:
+    """Run the ``parts`` (``"jetblock"``, ``"postnas"``) into ``out`` and return the saved
+    :class:`ReproduceResults`."""
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not parts:
+        raise ValueError(f"parts must be a non-empty selection of {PARTS}, got {list(parts)}")
+    start = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    teacher, tokenizer, filler = _load()
+    measured, settings = {}, {}
+    for part in PARTS:
+        if part in parts:
+            torch.manual_seed(0)
+            chosen = (QUICK if quick else FULL) if part == "jetblock" else (
+                POSTNAS_QUICK if quick else POSTNAS_FULL)  # fmt: skip
+            run = run_jetblock if part == "jetblock" else run_postnas
+            measured[part] = run(teacher, tokenizer, filler, chosen)
+            settings[part] = _plain(chosen)
+    return write_results(out, measured, settings, quick, time.perf_counter() - start)

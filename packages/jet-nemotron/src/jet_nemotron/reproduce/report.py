@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from jet_nemotron.reproduce.postnas_report import postnas_claims, postnas_plots, postnas_summary
 from kernels_common.plotting import plot_curves
 from kernels_common.report import write_summary
 from kernels_common.results import Claim, ReproduceResults
@@ -16,7 +17,7 @@ def _by_context(points: list[dict[str, float]], key: str) -> dict[int, float]:
     return {int(p["context"]): p[key] for p in points}
 
 
-def _claims(measured: dict[str, Any]) -> tuple[Claim, ...]:
+def _jetblock_claims(measured: dict[str, Any]) -> tuple[Claim, ...]:
     losses = measured["heldout_loss"]
     gap_before = losses["hybrid, initialised"] - losses["original"]
     gap_after = losses["hybrid, distilled"] - losses["original"]
@@ -65,7 +66,9 @@ def _claims(measured: dict[str, Any]) -> tuple[Claim, ...]:
     )
 
 
-def _plots(out: Path, measured: dict[str, Any], settings: dict[str, Any]) -> tuple[str, ...]:
+def _jetblock_plots(
+    out: Path, measured: dict[str, Any], settings: dict[str, Any]
+) -> tuple[str, ...]:
     decoding = measured["decoding"]
     contexts = {n: [p["context"] for p in ps] for n, ps in decoding.items()}
     plot_curves(
@@ -97,7 +100,7 @@ def _plots(out: Path, measured: dict[str, Any], settings: dict[str, Any]) -> tup
     return ("decode_throughput.png", "cache_size.png", "distillation.png", "passkey.png")
 
 
-def _summary(measured: dict[str, Any], settings: dict[str, Any]) -> str:
+def _jetblock_summary(measured: dict[str, Any], settings: dict[str, Any]) -> str:
     losses = measured["heldout_loss"]
     lines = [
         f"Full attention kept in layers {measured['kept_attention_layers']} of "
@@ -128,17 +131,33 @@ def _summary(measured: dict[str, Any], settings: dict[str, Any]) -> str:
 
 
 def write_results(
-    out: Path, measured: dict[str, Any], settings: dict[str, Any], quick: bool, elapsed: float
+    out: Path,
+    measured: dict[str, dict[str, Any]],
+    settings: dict[str, dict[str, Any]],
+    quick: bool,
+    elapsed: float,
 ) -> ReproduceResults:
-    """Save ``results.json``, the plots and ``summary.md`` into ``out``."""
+    """Save ``results.json``, the plots and ``summary.md`` of the parts run (``measured`` and
+    ``settings`` keyed by part) into ``out``."""
+    claims: list[Claim] = []
+    figures: list[str] = []
+    summary: list[str] = []
+    if "jetblock" in measured:
+        claims += _jetblock_claims(measured["jetblock"])
+        figures += _jetblock_plots(out, measured["jetblock"], settings["jetblock"])
+        summary.append(_jetblock_summary(measured["jetblock"], settings["jetblock"]))
+    if "postnas" in measured:
+        claims += postnas_claims(measured["postnas"])
+        figures += postnas_plots(out, measured["postnas"])
+        summary.append(postnas_summary(measured["postnas"]))
     results = ReproduceResults(
         package="jet-nemotron",
-        title="A SmolLM2-135M hybrid with JetBlocks: distillation, retrieval, decoding speed",
-        claims=_claims(measured),
-        figures=_plots(out, measured, settings),
-        summary=_summary(measured, settings),
+        title="SmolLM2-135M hybrids: JetBlock distillation, retrieval, decoding speed, PostNAS",
+        claims=tuple(claims),
+        figures=tuple(figures),
+        summary="\n\n".join(summary),
         quick=quick,
-        settings={**settings, "measured": measured},
+        settings={part: {**settings[part], "measured": measured[part]} for part in measured},
         elapsed_s=elapsed,
     )
     results.save(out)
