@@ -194,6 +194,14 @@ class LinearAttentionBlock(nn.Module):
         """Training, or inference on more than ``RECURRENT_THRESHOLD`` tokens."""
         return self.training or length > RECURRENT_THRESHOLD
 
+    def project(
+        self, x: torch.Tensor, keep: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``q, k (B, T, H, head_dim)`` and ``v (B, T, H, head_v_dim)``, v zero where padded."""
+        q = self.heads(self.q_proj(x), self.head_dim)
+        k = self.heads(self.k_proj(x), self.head_dim)
+        return q, k, self.heads(_masked(self.v_proj(x), keep), self.head_v_dim)
+
     def heads(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         """``(B, T, H·dim) -> (B, T, H, dim)``."""
         return x.unflatten(-1, (self.num_heads, dim))
@@ -273,9 +281,7 @@ class GLABlock(LinearAttentionBlock):
         state: LinearBlockState | None,
         use_cache: bool,
     ) -> tuple[torch.Tensor, LinearBlockState | None]:
-        q = self.heads(self.q_proj(x), self.head_dim)
-        k = self.heads(self.k_proj(x), self.head_dim)
-        v = self.heads(_masked(self.v_proj(x), keep), self.head_v_dim)
+        q, k, v = self.project(x, keep)
         gk = self.gk_proj(x).to(torch.promote_types(x.dtype, torch.float32))
         gk = self.heads(_masked(F.logsigmoid(gk) / self.gate_logit_normalizer, keep), self.head_dim)
         o, recurrent = self.gla(q, k, v, gk, state, use_cache)
@@ -300,9 +306,7 @@ class RetNetBlock(LinearAttentionBlock):
         state: LinearBlockState | None,
         use_cache: bool,
     ) -> tuple[torch.Tensor, LinearBlockState | None]:
-        q = self.heads(self.q_proj(x), self.head_dim)
-        k = self.heads(self.k_proj(x), self.head_dim)
-        v = self.heads(_masked(self.v_proj(x), keep), self.head_v_dim)
+        q, k, v = self.project(x, keep)
         g = self.log_decay(x)
         if keep is not None:  # per-token decay: a padded token does not decay the state
             g = keep.to(g.dtype) * g
