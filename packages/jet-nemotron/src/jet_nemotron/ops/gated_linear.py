@@ -212,10 +212,10 @@ def chunk_gla(
     *before* ``exp`` (no ``exp(-b_j)`` factor that overflows under strong decay). The padded tail
     of the last chunk has ``k = 0, g = 0`` and changes nothing. Memory: the intra-chunk decay
     tensor holds ``C · K`` floats per token and head for per-key decays (``C`` for per-head
-    ones), so chunk 16 is the lightest.
+    ones), so chunk 16 is the lightest. The other arguments are those of
+    :func:`naive_recurrent_gla`.
 
     Args:
-        q, k, v, g, scale, initial_state, output_final_state: as :func:`naive_recurrent_gla`.
         chunk_size: ``C``, one of 16, 32, 64.
 
     Returns:
