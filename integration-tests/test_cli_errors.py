@@ -274,6 +274,14 @@ CASES = [
          why="a hybrid folder that does not exist"),
     Case("jet-nemotron", ["bench", "kernels", "--device", "tpu"], expect="tpu",
          why="an unknown device"),
+    Case("jet-nemotron", ["postnas", "train-supernet", "--block", "lstm", "--out", "s"],
+         expect="lstm", why="an unknown linear block"),
+    Case("jet-nemotron", ["postnas", "search-placement", "--supernet", "s", "--budget", "2",
+                          "--out", "p"],
+         files={"s/supernet.pt": b"x", "s/run.json": '{"model": null, "sou'}, expect="run.json",
+         why="a truncated run settings file"),
+    Case("jet-nemotron", ["postnas", "search-hw", "--placement", "3", "--state-size", "0",
+                          "--out", "h"], expect="0", why="a state size that is not positive"),
 ]  # fmt: skip
 
 
