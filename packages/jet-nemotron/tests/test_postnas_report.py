@@ -71,6 +71,30 @@ def test_postnas_claims_are_computed_from_the_measurements(tmp_path):
     assert "learned [1, 2], uniform [1, 3]" in summary
 
 
+def test_both_parts_write_one_results_file(tmp_path):
+    decode = [{"context": c, "tokens_per_s": v, "cache_bytes": b}
+              for c, v, b in ((1024, 10.0, 8), (65536, 1.0, 512))]  # fmt: skip
+    jetblock = {
+        "layer_types": ["attn", "jet"],
+        "kept_attention_layers": [0],
+        "heldout_loss": {"original": 2.0, "hybrid, initialised": 8.0, "hybrid, distilled": 3.0},
+        "distill_history": {"layerwise": [1.0, 0.5], "end_to_end": [2.0]},
+        "passkey": {"SmolLM2-135M (all attention)": [0.5], "hybrid": [0.0]},
+        "decoding": {"SmolLM2-135M (all attention)": decode,
+                     "hybrid": [{**d, "tokens_per_s": 4.0, "cache_bytes": 4} for d in decode]},
+    }  # fmt: skip
+    settings = {"jetblock": {"passkey_contexts": [256]}, "postnas": {}}
+    results = write_results(tmp_path, {"jetblock": jetblock, "postnas": measured()}, settings,
+                            True, 1.0)  # fmt: skip
+    claims = {claim.name: claim.measured for claim in results.claims}
+    assert claims["distillation closes the loss gap"] == pytest.approx((3.0 - 2.0) - (8.0 - 2.0))
+    assert claims["decoding speed-up grows with context"] == pytest.approx((4.0 / 1.0) / 0.4)
+    assert claims["hybrid decodes faster"] == pytest.approx(3.0)
+    assert len(claims) == 4 + 5
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert set(saved["settings"]) == {"jetblock", "postnas"}
+
+
 def test_the_hardware_claims_need_the_default_shape(tmp_path):
     data = measured()
     data["hardware"]["search"]["records"] = data["hardware"]["search"]["records"][1:]

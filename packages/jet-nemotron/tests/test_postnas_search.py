@@ -220,3 +220,7 @@ def test_block_selection_trains_each_candidate_the_same_way():
         select_block(llama(), data, [1], probes(), ["gla", "lstm"], config)
     with pytest.raises(ValueError, match="at least one candidate"):
         select_block(llama(), data, [1], probes(), [], config)
+    with pytest.raises(ValueError, match="at least one probe"):
+        select_block(llama(), data, [1], [], ["gla"], config)
+    with pytest.raises(ValueError, match="keeps attention in every layer"):
+        select_block(llama(), data, [0, 1, 2, 3], probes(), ["gla"], config)
