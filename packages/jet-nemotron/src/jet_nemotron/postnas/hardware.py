@@ -34,7 +34,7 @@ from jet_nemotron.distill import DistillConfig, distill, jet_blocks
 from jet_nemotron.models import convert
 from jet_nemotron.models.configuration import check_layer_types
 from jet_nemotron.modules.jet_block import JetBlockConfig
-from kernels_common.cli import atomic_file
+from kernels_common.cli import atomic_file, read_json
 from kernels_common.plotting import new_figure, save_figure
 
 LOGGER = logging.getLogger(__name__)
@@ -266,7 +266,7 @@ def _load_resume(path: Path, search: HardwareSearch) -> dict[JetShape, HardwareR
     """The records of ``path`` when its setup is ``search``'s (empty if the file is missing)."""
     if not path.exists():
         return {}
-    saved = HardwareSearch.from_json(json.loads(path.read_text()))
+    saved = HardwareSearch.from_json(read_json(path, "hardware search resume file"))
     if saved._setup() != search._setup():
         raise ValueError(
             f"resume file {path} holds a search with another setup: {saved._setup()} "

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from jet_nemotron.distill import progress_options
 from jet_nemotron.postnas.probes import Probe, ProbeScore, score_probe
 from jet_nemotron.postnas.supernet import SuperNetwork, check_budget
-from kernels_common.cli import atomic_file
+from kernels_common.cli import atomic_file, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class PlacementEvaluator:
 
     def _load(self) -> None:
         assert self.cache is not None
-        data = json.loads(self.cache.read_text())
+        data = read_json(self.cache, "placement cache")
         if data.get("fingerprint") != self.fingerprint:
             raise ValueError(
                 f"{self.cache} holds scores of other super-network weights or probes; use a new "

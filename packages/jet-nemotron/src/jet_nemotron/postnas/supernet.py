@@ -27,7 +27,6 @@ import copy
 import dataclasses
 import hashlib
 import logging
-import os
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,6 +51,7 @@ from jet_nemotron.models.convert import (
     from_pretrained_llama,
 )
 from jet_nemotron.postnas.blocks import build_linear_block
+from kernels_common.cli import atomic_file
 
 logger = logging.getLogger(__name__)
 
@@ -368,9 +368,8 @@ def batch_at(rows: torch.Tensor, batch_size: int, seed: int, step: int) -> torch
 
 
 def _save(path: Path, payload: dict[str, Any]) -> None:
-    staging = path.with_name(path.name + ".partial")
-    torch.save(payload, staging)
-    os.replace(staging, path)
+    with atomic_file(path) as staging:  # a checkpoint is whole or absent
+        torch.save(payload, staging)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -440,10 +439,12 @@ def train_supernet(
     settings = asdict(config)
     if checkpoint is not None and Path(checkpoint).exists():
         payload = load_checkpoint(Path(checkpoint))
-        if payload["block"] != supernet.block or payload["config"] != settings:
+        written = (payload["block"], payload["head_v_dim"], payload["config"])
+        if written != (supernet.block, supernet.head_v_dim, settings):
             raise ValueError(
-                f"{checkpoint} was written by another run (block {payload['block']!r}, config "
-                f"{payload['config']}); resume with the same block and config or a new file"
+                f"{checkpoint} was written by another run (block {payload['block']!r}, head_v_dim "
+                f"{payload['head_v_dim']}, config {payload['config']}); resume with the same "
+                "block and config or a new file"
             )
         supernet.load_linear_state_dict(payload["linear"])
         optimizer.load_state_dict(payload["optimizer"])
