@@ -68,14 +68,13 @@ def main() -> None:
         ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
         controller = flashdp.get_controller(model)
         optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-        positions = torch.arange(args.seq_len, device=device)
         for step, indices in enumerate(sampler):
             # An empty local batch still runs forward and backward (DDP's collectives need every
             # rank), on a placeholder example whose loss is multiplied by 0: its clipped gradient
             # is exactly zero, and the denominator is the expected batch size anyway.
             batch = windows[indices if indices else [0]].to(device)
             with controller.accumulate():
-                logits = ddp(batch[:, :-1], position_ids=positions.expand(len(batch), -1)).logits
+                logits = ddp(batch[:, :-1]).logits  # default positions: (B, T), one row each
                 loss = F.cross_entropy(logits.transpose(1, 2), batch[:, 1:])
                 (loss if indices else 0.0 * loss).backward()
             optimizer.step()

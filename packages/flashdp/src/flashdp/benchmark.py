@@ -36,6 +36,11 @@ QUICK_SHAPE = BenchShape(GPTConfig(vocab_size=256, seq_len=64, width=128, depth=
 GPU_SHAPE = BenchShape(
     GPTConfig(vocab_size=50257, seq_len=1024, width=768, depth=12, heads=12), 8, torch.bfloat16
 )
+# Llama-shaped widths (12 layers of width 1024, 16 heads, a 32k vocabulary), same block layout
+LLAMA_SHAPE = BenchShape(
+    GPTConfig(vocab_size=32000, seq_len=1024, width=1024, depth=12, heads=16), 8, torch.bfloat16
+)
+GPU_SHAPES = {"gpt2": GPU_SHAPE, "llama": LLAMA_SHAPE}
 
 
 def _sgd_step(model: nn.Module, loss_fn, tokens, targets, lr: float = 1e-3) -> Callable[[], None]:
@@ -122,9 +127,25 @@ def candidates(shape: BenchShape, device: str, opacus: bool = True) -> dict[str,
     return steps
 
 
-def run(device: str, out: str | Path | None, *, quick: bool = False, repeat: int = 5) -> Comparison:
+def bench_shape(device: str, quick: bool = False, gpu_shape: str = "gpt2") -> BenchShape:
+    """The benchmark's model and batch on ``device`` (``gpu_shape``: ``"gpt2"`` or ``"llama"``)."""
+    if device == "cuda":
+        if gpu_shape not in GPU_SHAPES:
+            raise ValueError(f"gpu_shape must be one of {sorted(GPU_SHAPES)}, got {gpu_shape!r}")
+        return GPU_SHAPES[gpu_shape]
+    return QUICK_SHAPE if quick else CPU_SHAPE
+
+
+def run(
+    device: str,
+    out: str | Path | None,
+    *,
+    quick: bool = False,
+    repeat: int = 5,
+    gpu_shape: str = "gpt2",
+) -> Comparison:
     """Benchmark one training step of every implementation side by side; save JSON + Markdown."""
-    shape = GPU_SHAPE if device == "cuda" else QUICK_SHAPE if quick else CPU_SHAPE
+    shape = bench_shape(device, quick, gpu_shape)
     config = shape.config
     title = (
         f"DP-SGD step, GPT {config.depth}x{config.width}, {config.heads} heads, "
@@ -152,8 +173,49 @@ def run(device: str, out: str | Path | None, *, quick: bool = False, repeat: int
         check_outputs=False,
     )
     if out is not None:
-        table.save(out, "bench_flashdp")
+        suffix = "" if device != "cuda" or gpu_shape == "gpt2" else f"_{gpu_shape}"
+        table.save(out, f"bench_flashdp{suffix}")
     return table
+
+
+def profile(
+    device: str,
+    out: str | Path,
+    *,
+    quick: bool = False,
+    gpu_shape: str = "gpt2",
+    steps: int = 3,
+    rows: int = 25,
+) -> dict[str, str]:
+    """``torch.profiler`` tables of the top kernels (by self time on the device) of the non-DP
+    and the flashdp per-layer step, after two warm-up steps; written to
+    ``out/profile_<name>.txt`` and returned by name."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    shape = bench_shape(device, quick, gpu_shape)
+    all_steps = candidates(shape, device, opacus=False)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    sort_by = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    tables = {}
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("non-DP", "flashdp per_layer"):
+        step = all_steps[name]
+        for _ in range(2):
+            step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        with torch_profile(activities=activities) as prof:
+            for _ in range(steps):
+                step()
+            if device == "cuda":
+                torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by=sort_by, row_limit=rows)
+        tables[name] = table
+        slug = name.replace(" ", "_").replace("-", "").lower()
+        (folder / f"profile_{slug}.txt").write_text(f"{name}, {steps} steps\n{table}\n")
+    return tables
 
 
 def distributed_candidates(shape: BenchShape, device: str) -> dict[str, Callable]:

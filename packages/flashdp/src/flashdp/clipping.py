@@ -25,12 +25,15 @@ class Contribution:
         name: the parameter's qualified name in the model.
         norm2: ``(B,)`` float32, squared L2 norm of each example's gradient of this parameter.
         clipped_sum: maps coefficients ``(B,)`` to Σ_b c_b g_b, float32, shaped like the
-            parameter. Holds the layer's saved input and output gradient until called.
+            parameter (it holds the layer's saved input and output gradient until called); or,
+            under per-layer clipping, that sum already formed by the layer with the
+            coefficients of the parameter's bound (the ``store`` method of
+            :mod:`flashdp.plan`).
     """
 
     name: str
     norm2: torch.Tensor
-    clipped_sum: Callable[[torch.Tensor], torch.Tensor]
+    clipped_sum: Callable[[torch.Tensor], torch.Tensor] | torch.Tensor
 
     @classmethod
     def from_per_example(cls, name: str, grads: torch.Tensor) -> Contribution:

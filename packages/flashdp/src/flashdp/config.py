@@ -43,6 +43,10 @@ class PrivacyConfig:
             ``expected_batch_size``); ``None`` disables the accountant.
         backend: kernel backend for the fused per-layer clipping (see
             :func:`kernels_common.resolve_backend`); ``None`` chooses automatically.
+        workspace_mb: bound, in MiB, of the float32 per-example weight gradients a linear layer
+            may store at once to clip them in one GEMM (per-layer clipping; see
+            :mod:`flashdp.plan`); 0 never stores them; ``None``: the device's default
+            (:data:`flashdp.plan.DEFAULT_WORKSPACE_MB`).
     """
 
     max_grad_norm: float
@@ -53,8 +57,11 @@ class PrivacyConfig:
     loss_reduction: LossReduction = "mean"
     sample_rate: float | None = None
     backend: str | None = None
+    workspace_mb: float | None = None
 
     def __post_init__(self) -> None:
+        if self.workspace_mb is not None:
+            _positive_finite("workspace_mb", self.workspace_mb, allow_zero=True)
         _positive_finite("max_grad_norm", self.max_grad_norm)
         _positive_finite("noise_multiplier", self.noise_multiplier, allow_zero=True)
         if self.clipping not in CLIPPING_MODES:

@@ -35,6 +35,7 @@ from flashdp.distributed import (
     is_fsdp,
     sharded,
 )
+from flashdp.plan import LayerPlan
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class _Pass:
     graph_task: int
     layers: set[str] = field(default_factory=set)
     pending: list[Contribution] = field(default_factory=list)
+    finite: list[tuple[str, torch.Tensor]] = field(default_factory=list)
     per_example: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -160,6 +162,7 @@ class DPController:
         self._hooked: dict[int, weakref.ref[torch.Tensor]] = {}
         self._model: weakref.ref[nn.Module] | None = None
         self.fallback_modules: tuple[str, ...] = ()  # set by make_private
+        self._plans: dict[str, LayerPlan] = {}
 
     def watch(self, model: nn.Module) -> None:
         """Check ``model`` at every forward with gradients enabled and at every release: a
@@ -277,7 +280,7 @@ class DPController:
                     "pass: every DP layer needs the "
                     "examples in the first dimension of its input (do not flatten the batch into "
                     "the sequence, and do not broadcast one input over the batch, e.g. give GPT-2 "
-                    "position_ids of shape (B, T))"
+                    "position_ids of shape (B, T) or none)"
                 )
             )
         return current
@@ -306,15 +309,8 @@ class DPController:
         current.per_example[name] = grads if summed is None else summed + grads
 
     def _take(self, current: _Pass, contributions: list[Contribution]) -> None:
-        for contribution in contributions:
-            if not bool(torch.isfinite(contribution.norm2).all()):
-                self._fail(
-                    FloatingPointError(
-                        f"non-finite per-example gradient norm in {contribution.name!r}; the step "
-                        "was discarded"
-                    )
-                )
-                break
+        # finiteness is checked once, at the end of the pass (one host synchronisation per pass)
+        current.finite.extend((c.name, torch.isfinite(c.norm2).all()) for c in contributions)
         if self._failure is not None:
             # a failed batch across processes: nothing is added, but FSDP2's reduce-scatters
             # still need every parameter's gradient, in the same sizes on every rank
@@ -327,8 +323,45 @@ class DPController:
             current.pending.extend(contributions)
             return
         for contribution in contributions:
-            coef = clip_coefficients(contribution.norm2, self._bounds[contribution.name])
-            self._add(contribution.name, contribution.clipped_sum(coef))
+            summed = contribution.clipped_sum
+            if callable(summed):
+                summed = summed(
+                    clip_coefficients(contribution.norm2, self._bounds[contribution.name])
+                )
+            self._add(contribution.name, summed)
+
+    def _check_finite(self, current: _Pass) -> None:
+        """Fail the batch if any example's norm in the pass was not finite (read once)."""
+        if not current.finite:
+            return
+        device = current.finite[0][1].device
+        flags = torch.stack([flag.to(device) for _, flag in current.finite]).tolist()
+        bad = [name for (name, _), ok in zip(current.finite, flags, strict=True) if not ok]
+        if bad:
+            self._fail(
+                FloatingPointError(
+                    f"non-finite per-example gradient norm in {bad[0]!r}; the step was discarded"
+                )
+            )
+
+    def layer_bound(self, name: str) -> float:
+        """C_l of parameter ``name`` under per-layer clipping."""
+        return self._bounds[name]
+
+    def note_plan(self, name: str, plan: LayerPlan) -> None:
+        """Record the method a layer chose for parameter ``name`` in this backward pass."""
+        self._plans[name] = plan
+
+    def plan(self) -> dict[str, LayerPlan]:
+        """The method each linear weight used in the last backward pass
+        (:class:`flashdp.plan.LayerPlan` by parameter name: ``store``, ``ghost`` or
+        ``recompute``, with the estimated costs it was chosen from)."""
+        return dict(self._plans)
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the model trains across processes (DDP or FSDP2)."""
+        return self._sync is not None
 
     def _add(self, name: str, clipped_sum: torch.Tensor) -> None:
         if self._fsdp:
@@ -388,7 +421,8 @@ class DPController:
                 current,
                 [Contribution.from_per_example(n, g) for n, g in current.per_example.items()],
             )
-        if current.pending:
+        self._check_finite(current)
+        if current.pending and self._failure is None:
             total = torch.stack([c.norm2 for c in current.pending]).sum(0)
             coef = clip_coefficients(total, self.config.max_grad_norm)
             for contribution in current.pending:

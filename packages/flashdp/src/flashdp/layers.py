@@ -20,9 +20,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from flashdp import reference
-from flashdp.clipping import Contribution
+from flashdp.clipping import Contribution, clip_coefficients
 from flashdp.controller import EMPTY_BATCH, DPController, mark_forward, refuse_recomputed
-from flashdp.ops import linear_weight_clipped_sum_op, linear_weight_norm2_op
+from flashdp.ops import (
+    linear_weight_clipped_sum_op,
+    linear_weight_norm2_op,
+    linear_weight_store_clip_op,
+)
+from flashdp.plan import plan_linear
+from kernels_common import Backend, resolve_backend
 
 
 class DPLayer(nn.Module):
@@ -55,41 +61,76 @@ class DPLayer(nn.Module):
         return f"{self._layer_name!r}, clipped={sorted(self._names)}"
 
 
-def _batch_size(tensor: torch.Tensor, layer: str, min_dim: int) -> int:
+def _batch_size(layer: DPLayer, tensor: torch.Tensor, min_dim: int) -> int:
+    """The number of examples in ``tensor``; an empty batch is allowed in one process (its
+    backward releases noise only), not across processes."""
     if tensor.dim() < min_dim:
         raise ValueError(
-            f"{layer}: input of shape {tuple(tensor.shape)} has no example dimension; DP layers "
-            f"need inputs of at least {min_dim} dims with the examples first"
+            f"{layer._layer_name}: input of shape {tuple(tensor.shape)} has no example "
+            f"dimension; DP layers need inputs of at least {min_dim} dims with the examples first"
         )
-    if tensor.shape[0] == 0 and torch.is_grad_enabled():
-        raise ValueError(f"{layer}: {EMPTY_BATCH}")
+    if tensor.shape[0] == 0 and torch.is_grad_enabled() and layer._controller.distributed:
+        raise ValueError(f"{layer._layer_name}: {EMPTY_BATCH}")
     return tensor.shape[0]
 
 
 def _as_bt(tensor: torch.Tensor, batch: int, width: int) -> torch.Tensor:
-    """``(B, ..., width)`` -> float32 ``(B, T, width)``."""
-    return tensor.reshape(batch, -1, width).float()
+    """``(B, ..., width)`` -> ``(B, T, width)`` (a view where the layout allows), also for B = 0."""
+    tokens = tensor.numel() // (batch * width) if batch * width else 0
+    return tensor.reshape(batch, tokens, width)
 
 
 def _matmul_contributions(
     layer: DPLayer, x: torch.Tensor, grad: torch.Tensor, has_bias: bool, transposed: bool
 ) -> list[Contribution]:
-    """Contributions of ``y = x Wᵀ + b`` (``transposed``: ``y = x W + b``, GPT-2's Conv1D)."""
+    """Contributions of ``y = x Wᵀ + b`` (``transposed``: ``y = x W + b``, GPT-2's Conv1D).
+
+    The output gradient of the reduced loss is used as is (any float dtype, any strides); the
+    factor turning it into the per-example gradients goes into the clipping coefficients."""
     batch = x.shape[0]
-    x3 = _as_bt(x, batch, x.shape[-1])
-    g3 = _as_bt(grad, batch, grad.shape[-1]) * layer._per_example_scale(batch)
-    backend = layer._controller.config.backend
+    x3, g3 = _as_bt(x, batch, x.shape[-1]), _as_bt(grad, batch, grad.shape[-1])
+    scale = layer._per_example_scale(batch)
+    controller = layer._controller
+    config = controller.config
+    backend = resolve_backend(config.backend, (x3, g3))
+    with_bias = has_bias and "bias" in layer._names
     contributions = []
+    bias_grads = None
     if "weight" in layer._names:
+        name = layer._names["weight"]
+        plan = plan_linear(
+            batch,
+            x3.shape[1],
+            x3.shape[2],
+            g3.shape[2],
+            clipping=config.clipping,
+            device=x.device.type,
+            triton=backend is not Backend.REFERENCE,
+            workspace_mb=config.workspace_mb,
+        )
+        controller.note_plan(name, plan)
+        if plan.method == "store":
+            bound = controller.layer_bound(name)
 
-        def weight_sum(coef: torch.Tensor) -> torch.Tensor:
-            summed = linear_weight_clipped_sum_op(x3, g3, coef, backend=backend)
-            return summed.T if transposed else summed
+            def coefficients(norm2: torch.Tensor) -> torch.Tensor:
+                return clip_coefficients(norm2 * scale**2, bound) * scale
 
-        norm2 = linear_weight_norm2_op(x3, g3, backend=backend)
-        contributions.append(Contribution(layer._names["weight"], norm2, weight_sum))
-    if has_bias and "bias" in layer._names:
-        per_example = reference.bias_per_example(g3)
+            norm2, summed, bias_grads = linear_weight_store_clip_op(
+                x3, g3, coefficients, plan.chunk, with_bias, backend=backend
+            )
+            contributions.append(
+                Contribution(name, norm2 * scale**2, summed.T if transposed else summed)
+            )
+        else:
+
+            def weight_sum(coef: torch.Tensor) -> torch.Tensor:
+                summed = linear_weight_clipped_sum_op(x3, g3, coef * scale, backend=backend)
+                return summed.T if transposed else summed
+
+            norm2 = linear_weight_norm2_op(x3, g3, backend=backend) * scale**2
+            contributions.append(Contribution(name, norm2, weight_sum))
+    if with_bias:
+        per_example = (g3.float().sum(1) if bias_grads is None else bias_grads) * scale
         contributions.append(
             Contribution(layer._names["bias"], per_example.square().sum(1), per_example.T.mv)
         )
@@ -132,7 +173,7 @@ class DPLinear(DPLayer):
         self.bias = source.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _batch_size(x, self._layer_name, 2)
+        _batch_size(self, x, 2)
         return _MatmulFunction.apply(x, self.weight, self.bias, self, False)
 
 
@@ -148,7 +189,7 @@ class DPConv1D(DPLayer):
         self.bias = source.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _batch_size(x, self._layer_name, 2)
+        _batch_size(self, x, 2)
         return _MatmulFunction.apply(x, self.weight, self.bias, self, True)
 
 
@@ -165,8 +206,8 @@ class _EmbeddingFunction(torch.autograd.Function):
         (indices,) = ctx.saved_tensors
         layer: DPEmbedding = ctx.layer
         batch = indices.shape[0]
-        flat = indices.reshape(batch, -1)
-        g3 = _as_bt(grad, batch, grad.shape[-1]) * layer._per_example_scale(batch)
+        flat = indices.reshape(batch, indices.numel() // batch if batch else 0)
+        g3 = _as_bt(grad, batch, grad.shape[-1]).float() * layer._per_example_scale(batch)
         pad = layer.padding_idx
 
         def clipped_sum(coef: torch.Tensor) -> torch.Tensor:
@@ -187,36 +228,35 @@ class DPEmbedding(DPLayer):
         self.weight = source.weight
 
     def forward(self, indices: torch.Tensor) -> torch.Tensor:
-        _batch_size(indices, self._layer_name, 1)
+        _batch_size(self, indices, 1)
         return _EmbeddingFunction.apply(indices, self.weight, self)
 
 
 class _NormFunction(torch.autograd.Function):
-    """LayerNorm / RMSNorm over the trailing ``normalized_shape``; the layer supplies the forward
-    (``_normalize``) and the per-example parameter gradients (``_per_example``)."""
+    """LayerNorm / RMSNorm over the trailing ``normalized_shape``. The forward saves each row's
+    statistics (float32), from which the backward forms the input gradient and the per-example
+    parameter gradients without recomputing the forward; the layer supplies the three parts."""
 
     @staticmethod
     def forward(ctx: Any, x, weight, bias, layer: _DPNorm) -> torch.Tensor:
-        ctx.save_for_backward(x, weight, bias)
+        out, stats = layer._forward(x, weight, bias)
+        ctx.save_for_backward(x, weight, bias, *stats)
         ctx.layer = layer
         mark_forward(ctx)
-        return layer._normalize(x, weight, bias)
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
-        x, weight, bias = ctx.saved_tensors
+        x, weight, bias, *stats = ctx.saved_tensors
         layer: _DPNorm = ctx.layer
         grad_x = None
         if ctx.needs_input_grad[0]:
-            with torch.enable_grad():
-                x_ = x.detach().requires_grad_(True)
-                w = None if weight is None else weight.detach()
-                b = None if bias is None else bias.detach()
-                (grad_x,) = torch.autograd.grad(layer._normalize(x_, w, b), x_, grad)
+            grad_x = layer._grad_input(grad, x, weight, bias, stats)
         batch = x.shape[0]
         width = math.prod(layer.normalized_shape)
-        g3 = _as_bt(grad, batch, width) * layer._per_example_scale(batch)
-        per_example = layer._per_example(_as_bt(x, batch, width), g3, x.dtype)
+        rows = [s.reshape(batch, s.numel() // batch if batch else 0, 1) for s in stats]
+        g3 = _as_bt(grad, batch, width).float() * layer._per_example_scale(batch)
+        per_example = layer._per_example(_as_bt(x, batch, width).float(), g3, rows)
         contributions = []
         for attribute, per_example_grad in per_example.items():
             if attribute in layer._names:
@@ -241,15 +281,20 @@ class _DPNorm(DPLayer):
     weight: nn.Parameter | None
     bias: nn.Parameter | None
 
-    def _normalize(self, x, weight, bias) -> torch.Tensor:
+    def _forward(self, x, weight, bias) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The output and the float32 per-row statistics the backward needs."""
         raise NotImplementedError
 
-    def _per_example(self, x3, g3, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        """``(B, D)`` per-example gradients by attribute, from float32 ``(B, T, D)`` x and g."""
+    def _grad_input(self, grad, x, weight, bias, stats) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _per_example(self, x3, g3, stats) -> dict[str, torch.Tensor]:
+        """``(B, D)`` per-example gradients by attribute, from float32 ``(B, T, D)`` x and g and
+        the ``(B, T, 1)`` statistics."""
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _batch_size(x, self._layer_name, len(self.normalized_shape) + 1)
+        _batch_size(self, x, len(self.normalized_shape) + 1)
         return _NormFunction.apply(x, self.weight, self.bias, self)
 
 
@@ -263,11 +308,18 @@ class DPLayerNorm(_DPNorm):
         self.weight = source.weight
         self.bias = source.bias
 
-    def _normalize(self, x, weight, bias) -> torch.Tensor:
-        return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
+    def _forward(self, x, weight, bias):
+        out, mean, rstd = torch.native_layer_norm(x, self.normalized_shape, weight, bias, self.eps)
+        return out, (mean, rstd)
 
-    def _per_example(self, x3, g3, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        grad_weight, grad_bias = reference.layer_norm_per_example(x3, g3, self.eps)
+    def _grad_input(self, grad, x, weight, bias, stats) -> torch.Tensor:
+        mean, rstd = stats
+        return torch.ops.aten.native_layer_norm_backward(
+            grad, x, self.normalized_shape, mean, rstd, weight, bias, [True, False, False]
+        )[0]
+
+    def _per_example(self, x3, g3, stats) -> dict[str, torch.Tensor]:
+        grad_weight, grad_bias = reference.layer_norm_per_example(x3, g3, *stats)
         return {"weight": grad_weight, "bias": grad_bias}
 
 
@@ -281,10 +333,22 @@ class DPRMSNorm(_DPNorm):
         self.weight = source.weight
         self.bias = None
 
-    def _normalize(self, x, weight, bias) -> torch.Tensor:
-        return F.rms_norm(x, self.normalized_shape, weight, self.eps)
+    def _dims(self) -> tuple[int, ...]:
+        return tuple(range(-len(self.normalized_shape), 0))
 
-    def _per_example(self, x3, g3, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        # eps=None means the machine epsilon of the input's dtype, as in the forward
-        eps = torch.finfo(dtype).eps if self.eps is None else self.eps
-        return {"weight": reference.rms_norm_per_example(x3, g3, eps)}
+    def _forward(self, x, weight, bias):
+        # eps=None means the machine epsilon of the input's dtype, as in F.rms_norm
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+        rstd = torch.rsqrt(x.float().square().mean(self._dims(), keepdim=True) + eps)
+        return F.rms_norm(x, self.normalized_shape, weight, self.eps), (rstd,)
+
+    def _grad_input(self, grad, x, weight, bias, stats) -> torch.Tensor:
+        # y = x̂ ⊙ w with x̂ = x·rstd: dx = rstd·(ĝ − x̂·mean(ĝ ⊙ x̂)), ĝ = g ⊙ w
+        (rstd,) = stats
+        normalized = x.float() * rstd
+        scaled = grad.float() if weight is None else grad.float() * weight.float()
+        mean = (scaled * normalized).mean(self._dims(), keepdim=True)
+        return (rstd * (scaled - normalized * mean)).to(x.dtype)
+
+    def _per_example(self, x3, g3, stats) -> dict[str, torch.Tensor]:
+        return {"weight": reference.rms_norm_per_example(x3, g3, *stats)}

@@ -3,8 +3,10 @@ clipped."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 import torch
@@ -23,6 +25,87 @@ FALLBACKS = ("vmap",)
 def _is_hf_conv1d(module: nn.Module) -> bool:
     cls = type(module)
     return cls.__name__ == "Conv1D" and cls.__module__.startswith("transformers.")
+
+
+def _is_hf_gpt2_model(module: nn.Module) -> bool:
+    """Whether ``module`` is a transformers ``GPT2Model`` (or a subclass keeping its forward)."""
+    for cls in type(module).__mro__:
+        if cls.__name__ == "GPT2Model" and cls.__module__.startswith("transformers."):
+            return type(module).forward is cls.forward
+    return False
+
+
+def _cached_length(cache: object) -> int:
+    """The number of tokens a GPT-2 key/value cache already holds (0 without one).
+
+    Args:
+        cache: a transformers ``Cache``, a legacy tuple of per-layer ``(key, value)`` tensors,
+            or ``None``.
+
+    Returns:
+        What ``GPT2Model.forward`` offsets its default positions by.
+    """
+    if cache is None:
+        return 0
+    get_seq_length = getattr(cache, "get_seq_length", None)
+    if get_seq_length is not None:
+        return int(get_seq_length())
+    return cache[0][0].shape[-2]  # legacy format (transformers < 4.53): keys are (B, H, T, D)
+
+
+@functools.cache
+def _argument_positions(forward: Callable[..., object]) -> dict[str, int]:
+    """Positions of a ``forward`` function's arguments in a call, ``self`` excluded."""
+    names = list(inspect.signature(forward).parameters)[1:]
+    return {name: i for i, name in enumerate(names)}
+
+
+def _fill_gpt2_positions(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """Forward pre-hook of a ``GPT2Model`` whose position embedding ``wpe`` is private.
+
+    Without ``position_ids``, GPT-2 builds them of shape ``(1, T)``, one row broadcast over the
+    batch, so ``wpe`` would see 1 example where the other DP layers see B. This hook passes the
+    positions GPT-2 would compute itself (``cache_position`` where the forward takes it, else
+    ``arange(P, P + T)`` after the P tokens of the key/value cache), repeated for each of the B
+    examples: the same embeddings, with the examples first. Explicit ``position_ids`` are left
+    alone, and so are calls the model itself rejects (neither or both of ``input_ids`` and
+    ``inputs_embeds``).
+
+    Args:
+        module: the ``GPT2Model``.
+        args: its positional arguments.
+        kwargs: its keyword arguments.
+
+    Returns:
+        The arguments with ``position_ids`` filled in, or ``None`` to leave them unchanged.
+    """
+    index = _argument_positions(type(module).forward)
+
+    def argument(name: str) -> object:
+        return args[index[name]] if index.get(name, len(args)) < len(args) else kwargs.get(name)
+
+    if argument("position_ids") is not None:
+        return None
+    input_ids, inputs_embeds = argument("input_ids"), argument("inputs_embeds")
+    if input_ids is not None and inputs_embeds is None:  # GPT-2 views the ids as (-1, T)
+        batch, length = math.prod(input_ids.shape[:-1]), input_ids.shape[-1]
+        device = input_ids.device
+    elif inputs_embeds is not None and input_ids is None and inputs_embeds.dim() == 3:
+        (batch, length), device = inputs_embeds.shape[:2], inputs_embeds.device
+    else:
+        return None
+    cache_position = argument("cache_position") if "cache_position" in index else None
+    if cache_position is not None:  # transformers 4.5x: the positions are the cache positions
+        positions = cache_position
+    else:  # the cache argument is ``cache`` from transformers 5, ``past_key_values`` before
+        cache = argument("cache")
+        past = _cached_length(argument("past_key_values") if cache is None else cache)
+        positions = torch.arange(past, past + length, device=device)
+    positions = positions.expand(batch, -1)
+    if index.get("position_ids", len(args)) < len(args):
+        at = index["position_ids"]
+        return (*args[:at], positions, *args[at + 1 :]), kwargs
+    return args, {**kwargs, "position_ids": positions}
 
 
 def _dp_class(module: nn.Module) -> type[DPLayer] | None:
@@ -112,6 +195,7 @@ def make_private(
     backend: str | None = None,
     fallback: Literal["vmap"] | None = None,
     fallback_modules: Sequence[str] | None = None,
+    workspace_mb: float | None = None,
 ) -> nn.Module:
     """Make ``model`` differentially private: its trainable layers become DP layers in place.
 
@@ -125,7 +209,9 @@ def make_private(
     Args:
         model: a module whose trainable parameters all belong to supported layers
             (``nn.Linear``, ``nn.Embedding``, ``nn.LayerNorm``, ``nn.RMSNorm``, GPT-2 ``Conv1D``);
-            frozen parameters may live anywhere. Every layer input has the examples first.
+            frozen parameters may live anywhere. Every layer input has the examples first
+            (a Hugging Face ``GPT2Model`` whose ``wpe`` becomes private is given its default
+            ``position_ids`` as ``(B, T)`` when called without them).
         max_grad_norm: C, the bound of one example's whole gradient.
         noise_multiplier: σ.
         clipping: ``"per_layer"``: each parameter tensor l is clipped to C_l inside its layer's
@@ -151,6 +237,10 @@ def make_private(
         fallback_modules: further modules to run through the vmap fallback as a whole (``""``:
             the model itself), e.g. a module whose forward uses a parameter held by another;
             requires ``fallback="vmap"``.
+        workspace_mb: bound, in MiB, of the per-example weight gradients a linear layer may
+            store at once to clip them in one GEMM (per-layer clipping; :mod:`flashdp.plan`
+            picks the method per layer, :meth:`DPController.plan` says which); 0 never stores;
+            ``None``: 256 MiB on CUDA, 4 MiB on the CPU.
 
     Returns:
         The model (the DP layer itself if ``model`` is a single supported layer).
@@ -186,6 +276,7 @@ def make_private(
             backend=backend,
             fallback=fallback,
             fallback_modules=fallback_modules,
+            workspace_mb=workspace_mb,
         )
         model.module = inner  # a new object only when the wrapped model is a single layer
         controller = get_controller(inner)
@@ -268,6 +359,7 @@ def make_private(
         loss_reduction=loss_reduction,
         sample_rate=sample_rate,
         backend=backend,
+        workspace_mb=workspace_mb,
     )
     controller = DPController(config, {name: parameters[name] for name in names}, generator)
     for name in names:
@@ -287,6 +379,9 @@ def make_private(
             continue
         parent_name, _, child = module_name.rpartition(".")
         setattr(modules[parent_name], child, replacement)
+    for module in modules.values():
+        if _is_hf_gpt2_model(module) and isinstance(module.wpe, DPEmbedding):
+            module.register_forward_pre_hook(_fill_gpt2_positions, with_kwargs=True)
     object.__setattr__(root, _CONTROLLER_ATTRIBUTE, controller)
     controller.watch(root)
     return root
