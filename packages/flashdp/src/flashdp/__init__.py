@@ -25,6 +25,7 @@ from flashdp.accountant import (
 )
 from flashdp.config import PrivacyConfig
 from flashdp.controller import DPController
+from flashdp.engine import PrivacyEngine
 from flashdp.layers import DPConv1D, DPEmbedding, DPLayer, DPLayerNorm, DPLinear, DPRMSNorm
 from flashdp.private import get_controller, make_private
 from flashdp.sampling import DistributedPoissonSampler, PoissonLoader, PoissonSampler
@@ -47,6 +48,7 @@ __all__ = [
     "PoissonLoader",
     "PoissonSampler",
     "PrivacyConfig",
+    "PrivacyEngine",
     "RDPAccountant",
     "__version__",
     "compute_rdp",

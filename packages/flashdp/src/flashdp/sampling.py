@@ -7,6 +7,7 @@ gradient is divided by the expected batch size q·N (``expected_batch_size`` in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -39,7 +40,7 @@ class PoissonSampler:
             raise ValueError(f"steps must be a positive int or None, got {steps!r}")
         self.num_examples = num_examples
         self.sample_rate = float(sample_rate)
-        self.steps = steps if steps is not None else int(-(-1 // sample_rate))
+        self.steps = steps if steps is not None else math.ceil(1 / sample_rate)
         if generator is None:
             generator = torch.Generator()
             generator.seed()
@@ -72,7 +73,7 @@ class PoissonLoader:
         ...     (x, y), sample_rate=0.1, steps=2, generator=torch.Generator().manual_seed(0)
         ... )
         >>> [tuple(t.shape[0] for t in batch) for batch in loader]
-        [(13, 13), (9, 9)]
+        [(9, 9), (14, 14)]
     """
 
     def __init__(
