@@ -215,3 +215,36 @@ def test_autocast_bfloat16_matches_float32():
         # per entry (observed ≤ 0.6% of the largest entry)
         error = (grads["bfloat16"][name] - value).abs().max()
         assert error <= 0.02 * value.abs().max(), name
+
+
+@pytest.mark.parametrize("eps", [None, 1e-3])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_norm_layers_match_stock_autograd(dtype, eps):
+    """16-bit LayerNorm and RMSNorm (RMSNorm's eps=None is float32's machine epsilon, as in
+    F.rms_norm) with a bound no example reaches: the input gradient and the released weight
+    gradient equal autograd through the stock layer on the same values. Small activations
+    (rms 0.02) make a wrong eps visible. Tolerance: a few 16-bit ulps (rtol 1.6e-2) of the
+    largest entry, both sides rounding once to the 16-bit output."""
+    generator = torch.Generator().manual_seed(0)
+    for stock in (nn.RMSNorm(16, eps=eps), nn.LayerNorm(16, eps=eps or 1e-5)):
+        with torch.no_grad():
+            stock.weight.add_(0.1 * torch.randn(16, generator=generator))
+        stock = stock.to(dtype)
+        x = (0.02 * torch.randn(4, 5, 16, generator=generator)).to(dtype)
+        grad = torch.randn(4, 5, 16, generator=generator).to(dtype)
+        private = flashdp.make_private(
+            copy.deepcopy(stock),
+            max_grad_norm=1e6,
+            noise_multiplier=0.0,
+            loss_reduction="sum",
+            expected_batch_size=1,
+            backend="reference",
+        )
+        grads = []
+        for layer in (stock, private):
+            x_ = x.clone().requires_grad_()
+            layer(x_).backward(grad)
+            grads.append((x_.grad.float(), layer.weight.grad.float()))
+        for expected, got in zip(grads[0], grads[1], strict=True):
+            scale = expected.abs().max()
+            torch.testing.assert_close(got, expected, rtol=0, atol=1.6e-2 * scale)

@@ -435,7 +435,57 @@ def test_optimizer_passes_through_to_the_wrapped_one():
     assert optimizer.state_dict() == inner.state_dict()
 
 
-@pytest.mark.parametrize(("sample_rate", "steps"), [(1 / 3, 3), (0.1, 10), (0.3, 4), (1.0, 1)])
+@pytest.mark.parametrize(
+    ("sample_rate", "steps"), [(1 / 3, 3), (1 / 49, 49), (0.1, 10), (0.3, 4), (1.0, 1)]
+)
 def test_one_epoch_of_poisson_batches_is_the_ceiling_of_one_over_q(sample_rate, steps):
-    """⌈1/q⌉ batches by default (floor division of -1 by a float gave 4 at q = 1/3)."""
+    """⌈1/q⌉ batches by default, also where 1/q is an integer that floating-point division
+    misses (q = 1/3, 1/49)."""
     assert len(flashdp.PoissonSampler(10, sample_rate)) == steps
+
+
+def test_denominator_equals_opacus_when_the_batches_do_not_divide_the_data():
+    """N = 405 in batches of 10: q = 1/41, and Opacus divides by ⌊q·N⌋ = 9 (not round(9.88)):
+    a switched script keeps its gradient scale."""
+    data = make_dataset(405)
+    model = make_model()
+    ours = PrivacyEngine().make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(data, batch_size=10),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
+    model = make_model()
+    theirs = opacus.PrivacyEngine(accountant="rdp").make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(data, batch_size=10),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
+    assert ours[1].expected_batch_size == theirs[1].expected_batch_size == 9
+    assert ours[2].sample_rate == theirs[2].sample_rate == 1 / 41
+
+
+def test_a_model_made_private_by_the_engine_refuses_ddp(tmp_path):
+    """The engine's loader samples the whole dataset in every process: under DDP an example
+    could join several ranks' batches while ε is reported for q. Refused at the forward."""
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = make_model()
+        model, _, _ = PrivacyEngine().make_private(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(make_dataset(20), batch_size=5),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+        )
+        ddp = nn.parallel.DistributedDataParallel(model)
+        with pytest.raises(RuntimeError, match=r"made private by flashdp\.PrivacyEngine"):
+            ddp(make_dataset(3)[:][0])
+    finally:
+        dist.destroy_process_group()

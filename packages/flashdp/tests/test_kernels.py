@@ -186,3 +186,45 @@ def test_two_pass_kernels_take_16_bit_inputs(dtype, triton_backend):
         atol=1e-4,
         rtol=1e-5,
     )
+
+
+def test_every_autotune_config_matches(triton_backend, monkeypatch):
+    """The autotuner keeps one config under the interpreter; here each config runs in turn (one
+    at a time, so no timing), since layouts such as the partial norms' rows depend on the tiles.
+    Three examples (a row stride to get right), widths spanning several tiles of every config."""
+    from flashdp import kernels
+
+    device = device_for_backend(triton_backend)
+    generator = torch.Generator().manual_seed(13)
+    x = torch.randn(3, 9, 70, generator=generator)
+    grad_output = torch.randn(3, 9, 140, generator=generator)
+    coef = torch.rand(3, generator=generator)
+    norm2, summed, bias = per_example_oracle(x, grad_output, 2.0, 3.0)
+    per_example = torch.einsum("bto,bti->boi", grad_output.double(), x.double())
+    tuned = {
+        kernels._norm2_kernel: kernels._CONFIGS,
+        kernels._clipped_sum_kernel: kernels._CONFIGS,
+        kernels._store_kernel: kernels._CONFIGS,
+        kernels._weighted_sum_kernel: kernels._SUM_CONFIGS,
+    }
+    for index in range(len(kernels._CONFIGS)):
+        for kernel, configs in tuned.items():
+            monkeypatch.setattr(kernel, "configs", [configs[index % len(configs)]])
+            monkeypatch.setattr(kernel, "cache", {})
+        x_, g_ = x.to(device), grad_output.to(device)
+        got = store_clip(triton_backend, x_, g_, 2.0, 3.0, 2)
+        for name, value, expected in zip(("norm2", "sum", "bias"), got, (norm2, summed, bias),
+                                         strict=True):  # fmt: skip
+            torch.testing.assert_close(
+                value.cpu().double(), expected, atol=1e-4, rtol=1e-5, msg=f"{index} {name}"
+            )
+        two_pass = (
+            linear_weight_norm2_op(x_, g_, backend=triton_backend),
+            linear_weight_clipped_sum_op(x_, g_, coef.to(device), backend=triton_backend),
+        )
+        references = (
+            per_example.square().sum((1, 2)),
+            (coef.double()[:, None, None] * per_example).sum(0),
+        )
+        for value, expected in zip(two_pass, references, strict=True):
+            torch.testing.assert_close(value.cpu().double(), expected, atol=1e-4, rtol=1e-5)

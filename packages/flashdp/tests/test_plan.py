@@ -17,25 +17,40 @@ from torch import nn
 
 import flashdp
 from flashdp.plan import FLOPS_PER_BYTE, plan_linear
+from kernels_common.testing import device_for_backend
 
 MIB = 2**20
 
 
-def test_gpt2_small_on_a_gpu_stores_every_weight_in_bounded_chunks():
-    """T = 1024, B = 8, the default 256 MiB workspace on CUDA: one stored GEMM beats recomputing
-    it (the workspace costs 200·8 flops per weight element per example, less than the 2·T of a
-    second GEMM); the 768×3072 MLP weight fits 28 examples in 256 MiB, the 768×50257 head one."""
+def test_gpt2_small_on_a_gpu_stores_the_mlp_and_recomputes_the_head():
+    """T = 1024, B = 8, the default 256 MiB workspace on CUDA. The 768×3072 MLP weight: 28
+    examples fit, one chunk; storing costs 200 flops per byte of (8 examples + 1 sum) × 8 bytes
+    per weight element, 14,400 against the 16,384 of a second GEMM (2·B·T): store. The
+    768×50257 head fits one example per chunk, so the sum's traffic is paid 8 times
+    (25,600): recompute."""
     mlp = plan_linear(8, 1024, 768, 3072, clipping="per_layer", device="cuda", triton=True)
     weight = 768 * 3072
     gemm = 2.0 * 8 * 1024 * weight
+    assert (256 * MIB) // (4 * weight) == 28
     assert dict(mlp.costs) == {
-        "store": gemm + FLOPS_PER_BYTE["cuda"] * 8 * 8 * weight,
+        "store": gemm + FLOPS_PER_BYTE["cuda"] * 8 * (8 + 1) * weight,
         "recompute": 2 * gemm,
     }
     assert (mlp.method, mlp.chunk) == ("store", 8)
-    assert (256 * MIB) // (4 * weight) == 28
     head = plan_linear(8, 1024, 768, 50257, clipping="per_layer", device="cuda", triton=True)
-    assert (head.method, head.chunk) == ("store", 1)
+    assert (256 * MIB) // (4 * 768 * 50257) == 1
+    assert head.method == "recompute"
+    bigger = plan_linear(8, 1024, 768, 50257, clipping="per_layer", device="cuda", triton=True,
+                         workspace_mb=2048)  # fmt: skip
+    assert (bigger.method, bigger.chunk) == ("store", 8)
+
+
+def test_one_token_per_example_takes_the_rank_one_norm_on_the_gpu():
+    """T = 1 (pooled features): the rank-one norm costs 2·B·(D_in + D_out), far below a second
+    GEMM or the workspace, and reads nothing from the device."""
+    plan = plan_linear(64, 1, 768, 768, clipping="flat", device="cuda", triton=True)
+    assert plan.method == "ghost"
+    assert dict(plan.costs)["ghost"] == 2.0 * 64 * 768 * 768 + 2.0 * 64 * 1536
 
 
 def test_short_sequences_on_a_gpu_recompute():
@@ -79,6 +94,8 @@ def test_controller_reports_the_plan_of_the_last_backward():
     )
     controller = flashdp.get_controller(private)
     assert controller.plan() == {}
+    private[0](torch.randn(4, 64, 6)).sum().backward()  # a pass of the first layer alone
+    assert sorted(controller.plan()) == ["0.weight"]
     private(torch.randn(4, 64, 6)).sum().backward()
     plans = controller.plan()
     assert sorted(plans) == ["0.weight", "2.weight"]
@@ -115,54 +132,54 @@ def test_a_private_gpt2_step_reads_the_device_once(clipping, triton_backend, hos
     """A full private step of a small GPT-2 (embeddings, LayerNorm, Conv1D, LM head; forward,
     backward, noise, release) on the GPU path reads one value on the host: the finiteness flag
     of the pass, at its end."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    transformers = pytest.importorskip("transformers")
 
-    config = GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=1, n_head=2,
+    config = transformers.GPT2Config(vocab_size=40, n_positions=16, n_embd=16, n_layer=1, n_head=2,
                         tie_word_embeddings=False)  # fmt: skip
+    device = device_for_backend(triton_backend)
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(config)
+    model = transformers.GPT2LMHeadModel(config).to(device)
     private = flashdp.make_private(
         model, max_grad_norm=1.0, noise_multiplier=1.0, clipping=clipping, backend=triton_backend
     )
-    tokens = torch.randint(0, 40, (3, 12))
-    positions = torch.arange(12).expand(3, 12)
+    tokens = torch.randint(0, 40, (3, 12)).to(device)
     host_reads.clear()  # make_private's own checks are not part of the step
     for _ in range(2):
-        private(tokens, position_ids=positions, labels=tokens).loss.backward()
+        private(tokens, labels=tokens).loss.backward()
     assert host_reads == [("_check_finite", "tolist")] * 2
     assert flashdp.get_controller(private).steps == 2
 
 
 @pytest.mark.gpu
 def test_a_private_step_on_cuda_synchronises_once_per_pass():
-    """CUDA's own account (torch.cuda.set_sync_debug_mode): a private GPT-2 step in bf16 with
-    the compiled kernels synchronises the host once per backward pass beyond what the same
-    non-private step does."""
+    """CUDA's own account (torch.cuda.set_sync_debug_mode): a private step of the benchmark's
+    GPT in bf16 with the compiled kernels synchronises the host once per backward pass beyond
+    what the same non-private step does."""
     import warnings
 
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from flashdp.tiny_gpt import GPTConfig, SequenceCrossEntropy, TinyGPT
+
+    config = GPTConfig(vocab_size=64, seq_len=64, width=64, depth=2, heads=2)
+    tokens = torch.randint(0, 64, (4, 64), device="cuda")
+    loss_fn = SequenceCrossEntropy()
 
     def synchronisations(model) -> int:
-        tokens = torch.randint(0, 64, (4, 32), device="cuda")
-        model(tokens, labels=tokens).loss.backward()  # warm-up: autotuning, lazy init
+        loss_fn(model(tokens), tokens).backward()  # warm-up: autotuning, lazy initialisation
         torch.cuda.synchronize()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                model(tokens, labels=tokens).loss.backward()
+                loss_fn(model(tokens), tokens).backward()
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         return sum("synchroniz" in str(w.message) for w in caught)
 
-    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=64, n_layer=2, n_head=2,
-                        tie_word_embeddings=False)  # fmt: skip
     torch.manual_seed(0)
-    plain = GPT2LMHeadModel(config).to("cuda", torch.bfloat16)
-    baseline = synchronisations(plain)
+    baseline = synchronisations(TinyGPT(config).to("cuda", torch.bfloat16))
     torch.manual_seed(0)
     private = flashdp.make_private(
-        GPT2LMHeadModel(config).to("cuda", torch.bfloat16),
+        TinyGPT(config).to("cuda", torch.bfloat16),
         max_grad_norm=1.0,
         noise_multiplier=1.0,
         backend="triton",

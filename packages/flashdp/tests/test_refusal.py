@@ -176,6 +176,85 @@ def test_non_finite_gradient_discards_the_step():
     assert private[0].weight.grad is None
 
 
+class _ScaleGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, scale):
+        ctx.scale = scale
+        return h.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale, None
+
+
+class Scale(nn.Module):
+    """Identity forward; the backward multiplies example 1's gradient by ``factor`` (inf or
+    NaN: a non-finite gradient in the layers before it only)."""
+
+    def __init__(self, factor):
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, h):
+        scale = torch.ones(h.shape[0], *[1] * (h.dim() - 1))
+        scale[1] = self.factor
+        return _ScaleGradient.apply(h, scale)
+
+
+@pytest.mark.parametrize("method", ["store", "ghost"])
+def test_non_finite_example_in_an_inner_layer_discards_the_whole_pass(method):
+    """The finiteness flag is read once, at the end of the pass: a non-finite norm in an inner
+    layer (after the outer layers were already summed) still releases nothing, names the first
+    layer that reported it, and the next batch is released normally."""
+    private = make(
+        nn.Sequential(nn.Linear(3, 4), Scale(float("inf")), nn.Linear(4, 4), nn.Linear(4, 2)),
+        noise_multiplier=0.0,
+        linear_method=method,
+    )
+    x = torch.randn(3, 5, 3)
+    with pytest.raises(FloatingPointError, match=r"non-finite per-example gradient norm in '0\."):
+        private(x).sum().backward()
+    assert all(p.grad is None for p in private.parameters())
+    assert flashdp.get_controller(private).steps == 0
+    private[1].factor = 1.0
+    private(x).sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in private.parameters())
+    assert flashdp.get_controller(private).steps == 1
+
+
+def test_a_failed_micro_batch_discards_its_whole_accumulate_block():
+    """After a failure inside accumulate() (caught by the user), the block's later micro-batches
+    are refused and its exit releases nothing: releasing them would release a subset of the
+    batch chosen by the failing example. The next block is released normally."""
+    private = make(nn.Sequential(nn.Linear(3, 2), Scale(1.0)), noise_multiplier=0.0)
+    controller = flashdp.get_controller(private)
+    x = torch.randn(4, 3)
+    with controller.accumulate():
+        private(x).sum().backward()
+        private[1].factor = float("nan")
+        with pytest.raises(FloatingPointError):
+            private(x).sum().backward()
+        private[1].factor = 1.0
+        with pytest.raises(RuntimeError, match=r"accumulate\(\) block was discarded"):
+            private(x).sum().backward()
+    assert private[0].weight.grad is None
+    assert controller.steps == 0
+    with controller.accumulate():
+        private(x).sum().backward()
+    assert controller.steps == 1
+    assert private[0].weight.grad is not None
+
+
+def test_abort_inside_accumulate_releases_nothing():
+    private = make(nn.Linear(3, 2), noise_multiplier=1.0)
+    controller = flashdp.get_controller(private)
+    with controller.accumulate():
+        private(torch.randn(4, 3)).sum().backward()
+        controller.abort()
+    assert private.weight.grad is None
+    assert controller.steps == 0
+
+
 @pytest.mark.parametrize("change", ["unfreeze", "unfreeze-call-layers", "add", "replace"])
 def test_parameters_made_trainable_after_make_private_are_refused(change):
     """A layer unfrozen, added or swapped in after make_private would train unclipped: refused

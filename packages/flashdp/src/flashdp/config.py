@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from flashdp.plan import METHODS
+
 Clipping = Literal["per_layer", "flat"]
 LossReduction = Literal["mean", "sum"]
 
@@ -47,6 +49,9 @@ class PrivacyConfig:
             may store at once to clip them in one GEMM (per-layer clipping; see
             :mod:`flashdp.plan`); 0 never stores them; ``None``: the device's default
             (:data:`flashdp.plan.DEFAULT_WORKSPACE_MB`).
+        linear_method: how linear weights are clipped: ``"auto"`` (per layer, by the cost model
+            of :mod:`flashdp.plan`), or ``"store"``, ``"ghost"`` or ``"recompute"`` wherever
+            available.
     """
 
     max_grad_norm: float
@@ -58,8 +63,17 @@ class PrivacyConfig:
     sample_rate: float | None = None
     backend: str | None = None
     workspace_mb: float | None = None
+    linear_method: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.linear_method not in METHODS:
+            raise ValueError(f"linear_method must be one of {METHODS}, got {self.linear_method!r}")
+        if self.linear_method == "store" and self.clipping == "flat":
+            raise ValueError(
+                "linear_method='store' needs clipping='per_layer': flat clipping knows no "
+                "example's coefficient before every layer's norm, so it cannot clip stored "
+                "chunks as they are computed"
+            )
         if self.workspace_mb is not None:
             _positive_finite("workspace_mb", self.workspace_mb, allow_zero=True)
         _positive_finite("max_grad_norm", self.max_grad_norm)

@@ -40,10 +40,11 @@ from flashdp.plan import LayerPlan
 logger = logging.getLogger(__name__)
 
 EMPTY_BATCH = (
-    "a batch of 0 examples reached a private layer; skip the forward and backward of an empty "
-    "(Poisson-sampled) batch and keep the step inside `controller.accumulate()`, which still "
-    "releases the noise once (under DDP or FSDP2, where every rank must run the forward and "
-    "backward, run one placeholder example with its loss multiplied by 0 instead)"
+    "a batch of 0 examples reached a private layer under DDP or FSDP2, or a vmap fallback module. "
+    "Across processes every rank must run the forward and backward: run one placeholder example "
+    "with its loss multiplied by 0 instead. In one process with a fallback module, skip the "
+    "empty batch's forward and backward inside `controller.accumulate()`, which still releases "
+    "the noise once"
 )
 
 
@@ -163,6 +164,8 @@ class DPController:
         self._model: weakref.ref[nn.Module] | None = None
         self.fallback_modules: tuple[str, ...] = ()  # set by make_private
         self._plans: dict[str, LayerPlan] = {}
+        self._discarded = False  # abort() inside accumulate(): the block releases nothing
+        self.single_process = False  # set by PrivacyEngine: DDP and FSDP2 are refused
 
     def watch(self, model: nn.Module) -> None:
         """Check ``model`` at every forward with gradients enabled and at every release: a
@@ -205,14 +208,23 @@ class DPController:
         return self._sync is not None and self._sync.kind == "fsdp"
 
     def _check_distributed(self, model: nn.Module) -> None:
+        ddp = active_ddp()
+        inside_ddp = ddp is not None and any(m is model for m in ddp.module.modules())
+        if self.single_process and (inside_ddp or is_fsdp(model)):
+            raise RuntimeError(
+                "this model was made private by flashdp.PrivacyEngine, which samples and "
+                "accounts for one process: under DDP or FSDP2 each rank would draw its own "
+                "Poisson batches from the whole dataset, counting examples on several ranks. Use "
+                "flashdp.make_private with flashdp.DistributedPoissonSampler (README, Several "
+                "processes)"
+            )
         if self._sync is None and is_fsdp(model):
             attach_fsdp(self, model)
         if self._fsdp:
             assert self._sync is not None
             check_fsdp_settings(model)
             self._sync.sync_next = gradient_sync_on(model)
-        ddp = active_ddp()
-        if ddp is not None and any(m is model for m in ddp.module.modules()):
+        if inside_ddp:
             self.attach(ddp)
         if self._sync is not None and ddp is not None:
             self._sync.sync_next = ddp.require_backward_grad_sync
@@ -266,6 +278,12 @@ class DPController:
                     "an earlier backward pass in this accumulate() block failed; the logical "
                     "batch was discarded: leave the block and start the batch again"
                 )
+        if self._accumulating and self._discarded and self._sync is None:
+            raise RuntimeError(
+                "this accumulate() block was discarded (abort(), or a backward pass in it "
+                "failed): releasing its later micro-batches would release a subset of the batch "
+                "chosen by the failure; leave the block and start the batch again"
+            )
         if self._pass is None:
             if not (self._batch_open or self._accumulating or self._skip_until_sync):
                 self._open_batch()
@@ -320,6 +338,9 @@ class DPController:
                     self._add_unsharded(contribution.name, torch.zeros(shape))
             return
         if self.config.clipping == "flat":
+            formed = [c.name for c in contributions if not callable(c.clipped_sum)]
+            if formed:
+                raise RuntimeError(f"flat clipping got sums already clipped per layer: {formed}")
             current.pending.extend(contributions)
             return
         for contribution in contributions:
@@ -349,7 +370,11 @@ class DPController:
         return self._bounds[name]
 
     def note_plan(self, name: str, plan: LayerPlan) -> None:
-        """Record the method a layer chose for parameter ``name`` in this backward pass."""
+        """Record the method a layer chose for parameter ``name`` in this backward pass (the
+        first report of a pass, made before the pass opens, starts a new record)."""
+        current = self._pass
+        if current is None or current.graph_task != torch._C._current_graph_task_id():
+            self._plans = {}
         self._plans[name] = plan
 
     def plan(self) -> dict[str, LayerPlan]:
@@ -477,7 +502,7 @@ class DPController:
                 "released): finish it with a backward outside no_sync() before accumulate()"
             )
         self._open_batch()
-        self._skip_until_sync = False
+        self._skip_until_sync = self._discarded = False
         self._accumulating = True
         try:
             yield
@@ -485,9 +510,10 @@ class DPController:
             self.abort()
             raise
         else:
-            self._release()
+            if not (self._discarded and self._sync is None):
+                self._release()
         finally:
-            self._accumulating = False
+            self._accumulating = self._discarded = False
 
     def _open_batch(self) -> None:
         self._batch_open = True
@@ -496,8 +522,11 @@ class DPController:
     def abort(self) -> None:
         """Discard everything gathered for the current logical batch (nothing is released).
 
-        Under DDP the batch is discarded on every rank: this rank takes part in the batch's
-        collective with a failure flag, and the other ranks' release raises."""
+        Inside :meth:`accumulate` the whole block is discarded: a later backward pass in it
+        raises, and leaving it releases nothing. Under DDP the batch is discarded on every rank:
+        this rank takes part in the batch's collective with a failure flag, and the other ranks'
+        release raises."""
+        self._discarded = self._accumulating
         self._pass = None
         self._sums.clear()
         self._examples = 0

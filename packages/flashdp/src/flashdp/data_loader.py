@@ -124,8 +124,9 @@ class DPDataLoader(DataLoader):
 
     @property
     def expected_batch_size(self) -> int:
-        """q·N rounded to the nearest integer (at least 1): the gradient's denominator."""
-        return self.batch_sampler.expected_batch_size
+        """⌊q·N⌋ (at least 1), the gradient's denominator, as Opacus' ``DPDataLoader`` sets it
+        (a switched script keeps its gradient scale)."""
+        return max(1, int(self.sample_rate * len(self.dataset)))
 
     @classmethod
     def from_data_loader(

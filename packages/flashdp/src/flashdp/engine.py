@@ -303,12 +303,13 @@ class PrivacyEngine:
         backend: str | None = None,
         fallback: Literal["vmap"] | None = None,
         fallback_modules: Sequence[str] | None = None,
+        workspace_mb: float | None = None,
         **opacus_options: Any,
     ) -> tuple[nn.Module, DPOptimizer, DataLoader]:
         """Make the model private in place, wrap the optimizer, Poisson-sample the data.
 
         Every backward outside ``flashdp.get_controller(module).accumulate()`` then releases
-        one logical batch: ``.grad = (Σ_b clip(g_b) + N(0, σ²C²)) / B`` with B = round(q·N)
+        one logical batch: ``.grad = (Σ_b clip(g_b) + N(0, σ²C²)) / B`` with B = ⌊q·N⌋ (as Opacus)
         under Poisson sampling (the number of examples in the batch otherwise), and one
         accountant step at rate q.
 
@@ -337,6 +338,8 @@ class PrivacyEngine:
             fallback: ``"vmap"`` to clip modules no fused layer covers (see
                 :func:`flashdp.make_private`).
             fallback_modules: further modules to run through the fallback.
+            workspace_mb: bound of the per-example gradients a linear layer may store at once
+                (see :func:`flashdp.make_private`).
             **opacus_options: Opacus' ``grad_sample_mode``, ``wrap_model`` and
                 ``rand_on_empty`` at their defaults (another value is refused).
 
@@ -416,8 +419,10 @@ class PrivacyEngine:
             backend=backend,
             fallback=fallback,
             fallback_modules=fallback_modules,
+            workspace_mb=workspace_mb,
         )
         self._controller = get_controller(module)
+        self._controller.single_process = True  # its loader samples for one process
         return module, DPOptimizer(optimizer, module), data_loader
 
     def make_private_with_epsilon(

@@ -74,7 +74,7 @@ def _example_tile(
     acc = tl.zeros((BLOCK_O, BLOCK_I), dtype=tl.float32)
     bias = tl.zeros((BLOCK_O,), dtype=tl.float32)
     for t0 in range(0, T, BLOCK_T):
-        offs_t = t0 + tl.arange(0, BLOCK_T)
+        offs_t = (t0 + tl.arange(0, BLOCK_T)).to(tl.int64)  # T·stride may pass 2³¹
         g = tl.load(
             g_ptr + b * stride_gb + offs_t[:, None] * stride_gt + offs_o[None, :] * stride_gd,
             mask=(offs_t[:, None] < T) & (offs_o[None, :] < D_OUT),
@@ -128,7 +128,7 @@ def _norm2_kernel(
     tl.atomic_add(norm2_ptr + b, tl.sum(acc * acc))
 
 
-@autotune(_CONFIGS, key=["B", "T", "D_OUT", "D_IN", "IEEE"])
+@autotune(_CONFIGS, key=["T", "D_OUT", "D_IN", "IEEE"])  # not B: Poisson batches vary
 @triton.jit
 def _clipped_sum_kernel(
     x_ptr,
@@ -162,7 +162,7 @@ def _clipped_sum_kernel(
         )  # fmt: skip
         acc += tl.load(coef_ptr + b) * tile
     tl.store(
-        out_ptr + offs_o[:, None] * D_IN + offs_i[None, :],
+        out_ptr + offs_o.to(tl.int64)[:, None] * D_IN + offs_i[None, :],
         acc,
         mask=(offs_o[:, None] < D_OUT) & (offs_i[None, :] < D_IN),
     )
@@ -177,6 +177,7 @@ def _store_kernel(
     partial_ptr,
     bias_ptr,
     first,
+    partial_stride,
     T,
     D_OUT,
     D_IN,
@@ -203,17 +204,19 @@ def _store_kernel(
         BLOCK_O, BLOCK_I, BLOCK_T, IEEE, UPCAST, WITH_BIAS,
     )  # fmt: skip
     inside = (offs_o[:, None] < D_OUT) & (offs_i[None, :] < D_IN)
+    tile = offs_o.to(tl.int64)[:, None] * D_IN + offs_i[None, :]
+    tl.store(work_ptr + j * D_OUT * D_IN + tile, acc, mask=inside)
+    # row j of the partial norms holds this config's tiles; its stride is the allocation's
     tl.store(
-        work_ptr + j * D_OUT * D_IN + offs_o[:, None] * D_IN + offs_i[None, :], acc, mask=inside
+        partial_ptr + j * partial_stride + tile_o * tl.num_programs(2) + tile_i,
+        tl.sum(acc * acc),
     )
-    tiles = tl.num_programs(1) * tl.num_programs(2)
-    tl.store(partial_ptr + j * tiles + tile_o * tl.num_programs(2) + tile_i, tl.sum(acc * acc))
     if WITH_BIAS:
         tl.store(bias_ptr + j * D_OUT + offs_o, bias, mask=(offs_o < D_OUT) & (tile_i == 0))
 
 
 # each timing run of the autotuner adds to the sum: restore it between them
-@autotune(_SUM_CONFIGS, key=["CHUNK", "D_OUT", "D_IN"], restore_value=["out_ptr"])
+@autotune(_SUM_CONFIGS, key=["D_OUT", "D_IN"], restore_value=["out_ptr"])
 @triton.jit
 def _weighted_sum_kernel(
     work_ptr,
@@ -228,7 +231,7 @@ def _weighted_sum_kernel(
     offs_o = tl.program_id(0) * BLOCK_O + tl.arange(0, BLOCK_O)
     offs_i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     inside = (offs_o[:, None] < D_OUT) & (offs_i[None, :] < D_IN)
-    tile = offs_o[:, None] * D_IN + offs_i[None, :]
+    tile = offs_o.to(tl.int64)[:, None] * D_IN + offs_i[None, :]
     acc = tl.load(out_ptr + tile, mask=inside, other=0.0)
     for j in range(CHUNK):
         work = tl.load(
@@ -238,8 +241,19 @@ def _weighted_sum_kernel(
     tl.store(out_ptr + tile, acc, mask=inside)
 
 
+def _max_tiles(d_out: int, d_in: int) -> int:
+    """Output tiles of a D_out × D_in weight under the config with the smallest tiles."""
+    return max(cdiv(d_out, c.kwargs["BLOCK_O"]) * cdiv(d_in, c.kwargs["BLOCK_I"]) for c in _CONFIGS)
+
+
 def _common(x: torch.Tensor, grad_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both operands in one float dtype (fp32 when they differ, e.g. under autocast)."""
+    """Both operands in one float dtype. Under autocast the output gradient has the dtype the
+    forward's matmul ran in (16-bit) while the saved input may be fp32: the input is cast to
+    it, as that matmul did (and as autograd's own weight gradient does)."""
+    if x.dtype == grad_output.dtype:
+        return x, grad_output
+    if grad_output.dtype in (torch.float16, torch.bfloat16):
+        return x.to(grad_output.dtype), grad_output
     dtype = torch.promote_types(x.dtype, grad_output.dtype)
     return x.to(dtype), grad_output.to(dtype)
 
@@ -318,15 +332,16 @@ def linear_weight_store_clip_triton(
     with device_guard(x):
         for first in range(0, batch, width):
             size = min(width, batch - first)
-            # one partial norm per output tile; sized for the smallest tile of any config
-            partial = torch.zeros(size, cdiv(d_out, 32) * cdiv(d_in, 32), device=device)
+            # one partial norm per output tile, room for the smallest tiles of any config
+            partial = torch.zeros(size, _max_tiles(d_out, d_in), device=device)
             bias_chunk = bias[first : first + size] if with_bias else norm2
 
             def grid(meta, size=size):
                 return (size, cdiv(d_out, meta["BLOCK_O"]), cdiv(d_in, meta["BLOCK_I"]))
 
             _store_kernel[grid](
-                x, grad_output, work, partial, bias_chunk, first, tokens, d_out, d_in, *strides,
+                x, grad_output, work, partial, bias_chunk, first, partial.stride(0), tokens, d_out,
+                d_in, *strides,
                 **_precision(x), WITH_BIAS=with_bias,
             )  # fmt: skip
             chunk_norm2 = partial.sum(1)

@@ -107,6 +107,7 @@ def _matmul_contributions(
             device=x.device.type,
             triton=backend is not Backend.REFERENCE,
             workspace_mb=config.workspace_mb,
+            method=config.linear_method,
         )
         controller.note_plan(name, plan)
         if plan.method == "store":
@@ -121,16 +122,19 @@ def _matmul_contributions(
             contributions.append(
                 Contribution(name, norm2 * scale**2, summed.T if transposed else summed)
             )
-        else:
+        else:  # recompute: the Triton kernels; ghost: the PyTorch reference
+            ops_backend = Backend.REFERENCE if plan.method == "ghost" else backend
 
             def weight_sum(coef: torch.Tensor) -> torch.Tensor:
-                summed = linear_weight_clipped_sum_op(x3, g3, coef * scale, backend=backend)
+                summed = linear_weight_clipped_sum_op(x3, g3, coef * scale, backend=ops_backend)
                 return summed.T if transposed else summed
 
-            norm2 = linear_weight_norm2_op(x3, g3, backend=backend) * scale**2
+            norm2 = linear_weight_norm2_op(x3, g3, backend=ops_backend) * scale**2
             contributions.append(Contribution(name, norm2, weight_sum))
     if with_bias:
-        per_example = (g3.float().sum(1) if bias_grads is None else bias_grads) * scale
+        if bias_grads is None:
+            bias_grads = g3.sum(1, dtype=torch.float32)
+        per_example = bias_grads * scale
         contributions.append(
             Contribution(layer._names["bias"], per_example.square().sum(1), per_example.T.mv)
         )
@@ -337,16 +341,19 @@ class DPRMSNorm(_DPNorm):
         return tuple(range(-len(self.normalized_shape), 0))
 
     def _forward(self, x, weight, bias):
-        # eps=None means the machine epsilon of the input's dtype, as in F.rms_norm
-        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
-        rstd = torch.rsqrt(x.float().square().mean(self._dims(), keepdim=True) + eps)
+        # F.rms_norm computes in float32 at least, and eps=None is that type's machine epsilon
+        compute = torch.promote_types(x.dtype, torch.float32)
+        eps = torch.finfo(compute).eps if self.eps is None else self.eps
+        rstd = torch.rsqrt(x.to(compute).square().mean(self._dims(), keepdim=True) + eps)
         return F.rms_norm(x, self.normalized_shape, weight, self.eps), (rstd,)
 
     def _grad_input(self, grad, x, weight, bias, stats) -> torch.Tensor:
         # y = x̂ ⊙ w with x̂ = x·rstd: dx = rstd·(ĝ − x̂·mean(ĝ ⊙ x̂)), ĝ = g ⊙ w
         (rstd,) = stats
-        normalized = x.float() * rstd
-        scaled = grad.float() if weight is None else grad.float() * weight.float()
+        normalized = x.to(rstd.dtype) * rstd
+        scaled = grad.to(rstd.dtype)
+        if weight is not None:
+            scaled = scaled * weight.to(rstd.dtype)
         mean = (scaled * normalized).mean(self._dims(), keepdim=True)
         return (rstd * (scaled - normalized * mean)).to(x.dtype)
 

@@ -5,12 +5,15 @@ whole batch is one GEMM of 2·B·T·D_in·D_out flops. Per-example clipping adds
 
 * ``store`` (per-layer clipping only): every per-example gradient P_b = G_bᵀX_b is computed once,
   into a bounded float32 workspace (a chunk of examples at a time), its norm taken and the
-  clipped sum formed from it; extra cost: writing and reading B·D_out·D_in float32 values.
-  What is released is exactly the clipped gradients whose norms were measured.
+  clipped sum formed from it; extra cost: writing and reading B·D_out·D_in float32 values, and
+  reading and writing the float32 sum once per chunk. What is released is exactly the clipped
+  gradients whose norms were measured.
 * ``ghost``: the norm from Gram matrices ⟨X_bX_bᵀ, G_bG_bᵀ⟩ (2·B·T²·(D_in + D_out) flops, the
   rank-one form when T = 1, per-example blocks when cheaper), then the clipped sum in one GEMM.
-* ``recompute``: the norms in one GEMM-sized pass over per-example tiles held in registers,
-  then the clipped sum in a second: twice the GEMM, no memory.
+  The PyTorch reference implements it; on the Triton path it is offered for T = 1 only (the
+  rank-one norm; the Gram form's cancellation check reads the device).
+* ``recompute`` (Triton): the norms in one GEMM-sized pass over per-example tiles held in
+  registers, then the clipped sum in a second: twice the GEMM, no memory.
 
 Flat clipping needs every layer's norms before any coefficient is known, so it cannot reduce a
 chunk at a time: it uses ``ghost`` or ``recompute``. Costs are compared in flops, a byte of memory
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Method = Literal["store", "ghost", "recompute"]
+METHODS: tuple[str, ...] = ("auto", "store", "ghost", "recompute")
 
 # Machine balance (flops per byte of memory traffic) used to price the workspace of `store`:
 # CUDA from an H200's data sheet (989 TFLOP/s dense bf16, 4.8 TB/s: ~200), CPU from a 2-core
@@ -61,6 +65,7 @@ def plan_linear(
     device: str,
     triton: bool,
     workspace_mb: float | None = None,
+    method: str = "auto",
 ) -> LayerPlan:
     """Choose how to clip one linear weight (see the module docstring).
 
@@ -75,9 +80,16 @@ def plan_linear(
             the PyTorch reference implements ``store`` and ``ghost``).
         workspace_mb: bound of the ``store`` workspace in MiB (``None``: the device's
             :data:`DEFAULT_WORKSPACE_MB`, the CPU's for other devices).
+        method: ``"auto"`` (the cheapest available), or a method to use whenever it is
+            available (benchmarks, tests, or exact released norms with ``"store"``).
 
     Returns:
-        The cheapest available method by estimated flops.
+        The chosen method, with the costs of every available one.
+
+    Raises:
+        ValueError: an unknown method, or one not available for this layer (``store`` under
+            flat clipping or with a workspace smaller than one example, ``recompute`` without
+            Triton).
     """
     balance = FLOPS_PER_BYTE.get(device, FLOPS_PER_BYTE["cpu"])
     weight = d_in * d_out
@@ -87,12 +99,22 @@ def plan_linear(
         workspace_mb = DEFAULT_WORKSPACE_MB.get(device, DEFAULT_WORKSPACE_MB["cpu"])
     chunk = int(workspace_mb * 2**20) // (4 * weight)
     if clipping == "per_layer" and chunk >= 1:
-        costs["store"] = gemm + balance * 8.0 * batch * weight
+        chunks = -(-batch // chunk) if batch else 0
+        costs["store"] = gemm + balance * 8.0 * (batch + chunks) * weight
     if triton:
         costs["recompute"] = 2.0 * gemm
-    else:
+    if not triton or tokens == 1:
         costs["ghost"] = gemm + 2.0 * batch * min(tokens * tokens * (d_in + d_out), tokens * weight)
-    method = min(costs, key=costs.__getitem__)
+    if method not in METHODS:
+        raise ValueError(f"linear_method must be one of {METHODS}, got {method!r}")
+    if method == "auto":
+        method = min(costs, key=costs.__getitem__)
+    elif method not in costs:
+        raise ValueError(
+            f"linear_method={method!r} is not available for a {d_out}×{d_in} weight here "
+            f"({clipping} clipping, {'Triton' if triton else 'PyTorch reference'}, "
+            f"{batch}×{tokens} rows): available {sorted(costs)}"
+        )
     return LayerPlan(
         method=method,  # type: ignore[arg-type]
         chunk=max(1, min(chunk, batch)) if method == "store" else 0,

@@ -196,6 +196,7 @@ def make_private(
     fallback: Literal["vmap"] | None = None,
     fallback_modules: Sequence[str] | None = None,
     workspace_mb: float | None = None,
+    linear_method: str = "auto",
 ) -> nn.Module:
     """Make ``model`` differentially private: its trainable layers become DP layers in place.
 
@@ -241,6 +242,9 @@ def make_private(
             store at once to clip them in one GEMM (per-layer clipping; :mod:`flashdp.plan`
             picks the method per layer, :meth:`DPController.plan` says which); 0 never stores;
             ``None``: 256 MiB on CUDA, 4 MiB on the CPU.
+        linear_method: ``"auto"`` (default): each linear weight's method by the cost model;
+            ``"store"``, ``"ghost"`` or ``"recompute"``: that method for every weight (an error
+            at the backward where it is not available, e.g. ``recompute`` without Triton).
 
     Returns:
         The model (the DP layer itself if ``model`` is a single supported layer).
@@ -277,6 +281,7 @@ def make_private(
             fallback=fallback,
             fallback_modules=fallback_modules,
             workspace_mb=workspace_mb,
+            linear_method=linear_method,
         )
         model.module = inner  # a new object only when the wrapped model is a single layer
         controller = get_controller(inner)
@@ -360,6 +365,7 @@ def make_private(
         sample_rate=sample_rate,
         backend=backend,
         workspace_mb=workspace_mb,
+        linear_method=linear_method,
     )
     controller = DPController(config, {name: parameters[name] for name in names}, generator)
     for name in names:

@@ -13,6 +13,12 @@ from collections.abc import Iterator
 import torch
 
 
+def _steps_per_epoch(sample_rate: float) -> int:
+    """⌈1/q⌉, exact when 1/q is an integer that floating-point division misses (q = 1/49)."""
+    nearest = round(1 / sample_rate)
+    return nearest if math.isclose(nearest * sample_rate, 1.0) else math.ceil(1 / sample_rate)
+
+
 class PoissonSampler:
     """Batches of example indices, each index drawn independently with ``sample_rate``.
 
@@ -40,7 +46,7 @@ class PoissonSampler:
             raise ValueError(f"steps must be a positive int or None, got {steps!r}")
         self.num_examples = num_examples
         self.sample_rate = float(sample_rate)
-        self.steps = steps if steps is not None else math.ceil(1 / sample_rate)
+        self.steps = steps if steps is not None else _steps_per_epoch(self.sample_rate)
         if generator is None:
             generator = torch.Generator()
             generator.seed()
