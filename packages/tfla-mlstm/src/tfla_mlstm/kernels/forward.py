@@ -1,10 +1,11 @@
 """TFLA forward: the chunk-state kernel (level 1) and the tiled intra-chunk output kernel (level 2).
 
-Tensors are flattened over batch and heads (``BH``) and padded to ``S_PAD = NC * L`` steps, all
-contiguous: q, k ``(BH, S_PAD, DQK)``, v ``(BH, S_PAD, DV)``, per-step gate terms ``(BH, S_PAD)``
-float32, per-chunk terms ``(BH, NC)``, states ``(BH, NC + 1, ...)`` float32 where state ``s`` is the
-one after ``s`` chunks (state 0 the initial one). Arithmetic in float32; ``tl.dot`` takes the
-inputs' dtype and accumulates in float32.
+Tensors are flattened over batch and heads (``BH``), all contiguous: q, k ``(BH, S, DQK)``, v and
+h ``(BH, S, DV)`` unpadded (rows past ``S`` load as zeros and are never stored), per-step gate
+terms ``(BH, S_PAD)`` float32 padded to ``S_PAD = NC * L`` steps, per-chunk terms ``(BH, NC)``,
+states ``(BH, NC + 1, ...)`` float32 where state ``s`` is the one after ``s`` chunks (state 0 the
+initial one). Arithmetic in float32; ``tl.dot`` takes the inputs' dtype and accumulates in
+float32.
 """
 
 from __future__ import annotations
@@ -18,17 +19,30 @@ from tfla_mlstm.kernels.tiles import Tiles
 
 
 @triton.jit
-def load_rows(ptr, rows, cols, n_cols):
-    """Tile ``ptr[rows, cols]`` of a row-major matrix with ``n_cols`` columns (0 past the end)."""
+def load_rows(ptr, rows, live, cols, n_cols):
+    """Tile ``ptr[rows, cols]`` of a row-major matrix with ``n_cols`` columns: 0 on the rows that
+    are not ``live`` (steps past the sequence's end) and past the last column."""
     return tl.load(
-        ptr + rows[:, None] * n_cols + cols[None, :], mask=(cols < n_cols)[None, :], other=0.0
+        ptr + rows[:, None] * n_cols + cols[None, :],
+        mask=live[:, None] & (cols < n_cols)[None, :],
+        other=0.0,
+    )
+
+
+@triton.jit
+def store_rows(ptr, rows, live, cols, n_cols, x):
+    """Store the float32 tile ``x`` into ``ptr[rows, cols]`` in ``ptr``'s dtype, live rows only."""
+    tl.store(
+        ptr + rows[:, None] * n_cols + cols[None, :],
+        x.to(ptr.dtype.element_ty),
+        mask=live[:, None] & (cols < n_cols)[None, :],
     )
 
 
 @triton.jit
 def _chunk_states_kernel(
     k_ptr, v_ptr, a_ptr, g_ptr, a_max_ptr, c0_ptr, n0_ptr, m0_ptr, c_ptr, n_ptr, m_ptr,
-    S_PAD, NC, DQK, DV,
+    S, NC, DQK, DV,
     L: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr,
     STABILIZED: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -60,10 +74,11 @@ def _chunk_states_kernel(
         C = C * decay
         n = n * decay
         for l0 in range(0, L, BLOCK_L):
-            offs_l = bh * S_PAD + kc * L + l0 + tl.arange(0, BLOCK_L)
-            w = tl.exp(tl.load(a_ptr + offs_l) - m_next)
-            k = load_rows(k_ptr, offs_l, offs_qk, DQK)
-            v = load_rows(v_ptr, offs_l, offs_v, DV)
+            steps = kc * L + l0 + tl.arange(0, BLOCK_L)
+            live = steps < S
+            w = tl.exp(tl.load(a_ptr + bh * NC * L + steps) - m_next)
+            k = load_rows(k_ptr, bh * S + steps, live, offs_qk, DQK)
+            v = load_rows(v_ptr, bh * S + steps, live, offs_v, DV)
             k_weighted = k.to(tl.float32) * w[:, None]
             C += tl.dot(tl.trans(k_weighted.to(v.dtype)), v, input_precision=PRECISION)
             n += tl.sum(k_weighted, axis=0)
@@ -78,19 +93,22 @@ def _chunk_states_kernel(
 def _chunk_output_kernel(
     q_ptr, k_ptr, v_ptr, b_ptr, a_ptr, g_ptr, m_step_ptr, m_chunk_ptr, c_ptr, n_ptr,
     h_ptr, den_ptr, z_ptr,
-    scale, eps, S_PAD, NC, DQK, DV,
+    scale, eps, S, NC, DQK, DV,
     L: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_QK: tl.constexpr, BLOCK_V: tl.constexpr,
     STABILIZED: tl.constexpr, NORMALIZE: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Level 2, one program per (query block of a chunk, DV block, batch-head): the inter-chunk
     term ``exp(b_t + m_{k-1} - m_t) q̂_t^T C_{k-1}`` plus a loop over the causal key blocks of the
-    chunk, each a loop over DQK blocks for ``q̂ k^T``; then ``h = N / den``."""
+    chunk, each a loop over DQK blocks for ``q̂ k^T``; then ``h = N / den``, stored in h's dtype."""
     pid_t = tl.program_id(0)
     pid_v = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
     kc = pid_t // (L // BLOCK_L)
     qb = pid_t % (L // BLOCK_L)
-    offs_t = bh * S_PAD + kc * L + qb * BLOCK_L + tl.arange(0, BLOCK_L)
+    steps = kc * L + qb * BLOCK_L + tl.arange(0, BLOCK_L)
+    live = steps < S
+    rows = bh * S + steps
+    offs_t = bh * NC * L + steps
     offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     mask_v = offs_v < DV
     state = bh * (NC + 1) + kc
@@ -103,7 +121,7 @@ def _chunk_output_kernel(
     for d0 in range(0, DQK, BLOCK_QK):
         offs_qk = d0 + tl.arange(0, BLOCK_QK)
         mask_qk = offs_qk < DQK
-        q = load_rows(q_ptr, offs_t, offs_qk, DQK)
+        q = load_rows(q_ptr, rows, live, offs_qk, DQK)
         C = tl.load(
             c_ptr + state * DQK * DV + offs_qk[:, None] * DV + offs_v[None, :],
             mask=mask_qk[:, None] & mask_v[None, :],
@@ -115,20 +133,21 @@ def _chunk_output_kernel(
     acc = acc * inter[:, None]
     z = z * inter
     for kb in range(qb + 1):
-        offs_j = bh * S_PAD + kc * L + kb * BLOCK_L + tl.arange(0, BLOCK_L)
+        keys = kc * L + kb * BLOCK_L + tl.arange(0, BLOCK_L)
+        key_live = keys < S
+        offs_j = bh * NC * L + keys
         s = tl.zeros((BLOCK_L, BLOCK_L), dtype=tl.float32)
         for d0 in range(0, DQK, BLOCK_QK):
             offs_qk = d0 + tl.arange(0, BLOCK_QK)
-            mask_qk = offs_qk < DQK
-            q = load_rows(q_ptr, offs_t, offs_qk, DQK)
-            k = load_rows(k_ptr, offs_j, offs_qk, DQK)
+            q = load_rows(q_ptr, rows, live, offs_qk, DQK)
+            k = load_rows(k_ptr, bh * S + keys, key_live, offs_qk, DQK)
             s += tl.dot(q, tl.trans(k), input_precision=PRECISION)
         log_d = b_t[:, None] - g + tl.load(a_ptr + offs_j)[None, :] - m_t[:, None]
         # masked before exp: above the diagonal log_d is large and positive (b falls with j)
         log_d = tl.where(offs_t[:, None] >= offs_j[None, :], log_d, float("-inf"))
         w = tl.exp(log_d) * s * scale
         z += tl.sum(w, axis=1)
-        v = load_rows(v_ptr, offs_j, offs_v, DV)
+        v = load_rows(v_ptr, bh * S + keys, key_live, offs_v, DV)
         acc += tl.dot(w.to(v.dtype), v, input_precision=PRECISION)
     if STABILIZED:
         den = tl.maximum(tl.abs(z), tl.exp(-m_t)) + eps
@@ -136,8 +155,7 @@ def _chunk_output_kernel(
         den = tl.maximum(tl.abs(z), 1.0) + eps
     else:
         den = tl.full((BLOCK_L,), 1.0, dtype=tl.float32)
-    h = acc / den[:, None]
-    tl.store(h_ptr + offs_t[:, None] * DV + offs_v[None, :], h, mask=mask_v[None, :])
+    store_rows(h_ptr, rows, live, offs_v, DV, acc / den[:, None])
     tl.store(den_ptr + offs_t, den, mask=pid_v == 0)
     tl.store(z_ptr + offs_t, z, mask=pid_v == 0)
 
@@ -156,16 +174,16 @@ def chunk_states(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """States entering every chunk and the last one: ``C (BH, NC + 1, DQK, DV)``,
     ``n (BH, NC + 1, DQK)``, ``m (BH, NC + 1)``, float32."""
-    BH, S_PAD, DQK = k.shape
+    BH, S, DQK = k.shape
     DV = v.shape[-1]
-    NC = S_PAD // chunk_size
+    NC = g.shape[-1]
     C = torch.empty(BH, NC + 1, DQK, DV, device=k.device, dtype=torch.float32)
     n = torch.empty(BH, NC + 1, DQK, device=k.device, dtype=torch.float32)
     m = torch.empty(BH, NC + 1, device=k.device, dtype=torch.float32)
     grid = (cdiv(DQK, tiles.qk), cdiv(DV, tiles.v), BH)
     with device_guard(k):
         _chunk_states_kernel[grid](
-            k, v, a, g, a_max, *initial, C, n, m, S_PAD, NC, DQK, DV,
+            k, v, a, g, a_max, *initial, C, n, m, S, NC, DQK, DV,
             L=chunk_size, BLOCK_L=tiles.seq, BLOCK_QK=tiles.qk, BLOCK_V=tiles.v,
             STABILIZED=stabilized, PRECISION=tiles.precision, **tiles.launch,
         )  # fmt: skip
@@ -176,35 +194,39 @@ def chunk_output(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    b: torch.Tensor,
-    a: torch.Tensor,
-    g: torch.Tensor,
-    m_step: torch.Tensor,
+    gates: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     states: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    h: torch.Tensor,
     *,
     eps: float,
     chunk_size: int,
     stabilized: bool,
     normalize: bool,
     tiles: Tiles,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``h (BH, S_PAD, DV)``, the denominator and the normalizer ``z (BH, S_PAD)``, all float32
-    (kept for the backward pass: its normalizer gradient ``-dh·h / den`` cancels against
-    ``dh·v / den``, so ``h`` rounded to bf16/fp16 would leak that rounding into every gradient)."""
-    BH, S_PAD, DQK = q.shape
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write ``h (BH, S, DV)`` in h's own dtype (no float32 copy of the output exists); return
+    the denominator and the normalizer ``z``, ``(BH, S_PAD)`` float32, which the backward pass
+    reads (its normalizer gradient needs no ``h``, see ``backward.py``).
+
+    Args:
+        gates: ``b, a (BH, S_PAD)``, ``g (BH, NC)``, ``m_step (BH, S_PAD)``.
+        states: ``C, n, m`` entering every chunk, from :func:`chunk_states`.
+        h: the output buffer, ``(BH, S, DV)`` contiguous.
+    """
+    BH, S, DQK = q.shape
     DV = v.shape[-1]
-    NC = S_PAD // chunk_size
+    b, a, g, m_step = gates
+    NC = g.shape[-1]
     C, n, m_chunk = states
-    h = torch.empty(BH, S_PAD, DV, device=q.device, dtype=torch.float32)
-    den = torch.empty(BH, S_PAD, device=q.device, dtype=torch.float32)
+    den = torch.empty(BH, NC * chunk_size, device=q.device, dtype=torch.float32)
     z = torch.empty_like(den)
     grid = (NC * (chunk_size // tiles.seq), cdiv(DV, tiles.v), BH)
     with device_guard(q):
         _chunk_output_kernel[grid](
             q, k, v, b, a, g, m_step, m_chunk, C, n, h, den, z,
-            DQK**-0.5, eps, S_PAD, NC, DQK, DV,
+            DQK**-0.5, eps, S, NC, DQK, DV,
             L=chunk_size, BLOCK_L=tiles.seq, BLOCK_QK=tiles.qk, BLOCK_V=tiles.v,
             STABILIZED=stabilized, NORMALIZE=normalize, PRECISION=tiles.precision,
             **tiles.launch,
         )  # fmt: skip
-    return h, den, z
+    return den, z
