@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from kernels_common.triton_utils import cdiv, device_guard
-from tfla_mlstm.kernels.forward import load_rows, store_rows
+from tfla_mlstm.kernels.forward import load_rows, query_block, store_rows
 from tfla_mlstm.kernels.tiles import Tiles
 
 StepGates = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -130,12 +130,7 @@ def _normalizer_grad_kernel(
     then ``dden_t = -G_t·N_t / den_t`` and ``dz_t``."""
     pid_t = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    kc = pid_t // (L // BLOCK_L)
-    qb = pid_t % (L // BLOCK_L)
-    steps = kc * L + qb * BLOCK_L + tl.arange(0, BLOCK_L)
-    live = steps < S
-    rows = bh * S + steps
-    offs_t = bh * NC * L + steps
+    kc, qb, _, live, rows, offs_t = query_block(pid_t, bh, S, NC, L, BLOCK_L)
     state = bh * (NC + 1) + kc
     m_t = tl.load(m_step_ptr + offs_t)
     coef = tl.exp(tl.load(b_ptr + offs_t) + tl.load(m_chunk_ptr + state) - m_t) * scale
@@ -194,12 +189,7 @@ def _dq_kernel(
     pid_t = tl.program_id(0)
     pid_qk = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
-    kc = pid_t // (L // BLOCK_L)
-    qb = pid_t % (L // BLOCK_L)
-    steps = kc * L + qb * BLOCK_L + tl.arange(0, BLOCK_L)
-    live = steps < S
-    rows = bh * S + steps
-    offs_t = bh * NC * L + steps
+    kc, qb, steps, live, rows, offs_t = query_block(pid_t, bh, S, NC, L, BLOCK_L)
     offs_qk = pid_qk * BLOCK_QK + tl.arange(0, BLOCK_QK)
     mask_qk = offs_qk < DQK
     state = bh * (NC + 1) + kc

@@ -19,6 +19,18 @@ from tfla_mlstm.kernels.tiles import Tiles
 
 
 @triton.jit
+def query_block(pid_t, bh, S, NC, L: tl.constexpr, BLOCK_L: tl.constexpr):
+    """The query block of program ``pid_t`` of batch-head ``bh``: its chunk ``kc``, its block
+    ``qb`` in the chunk, its ``steps``, which of them are in the sequence (``live``), their rows
+    in the unpadded ``(B·NH·S, D)`` tensors and their offsets in the per-step ``(B·NH, NC·L)``
+    ones."""
+    kc = pid_t // (L // BLOCK_L)
+    qb = pid_t % (L // BLOCK_L)
+    steps = kc * L + qb * BLOCK_L + tl.arange(0, BLOCK_L)
+    return kc, qb, steps, steps < S, bh * S + steps, bh * NC * L + steps
+
+
+@triton.jit
 def load_rows(ptr, rows, live, cols, n_cols):
     """Tile ``ptr[rows, cols]`` of a row-major matrix with ``n_cols`` columns: 0 on the rows that
     are not ``live`` (steps past the sequence's end) and past the last column."""
@@ -103,12 +115,7 @@ def _chunk_output_kernel(
     pid_t = tl.program_id(0)
     pid_v = tl.program_id(1)
     bh = tl.program_id(2).to(tl.int64)
-    kc = pid_t // (L // BLOCK_L)
-    qb = pid_t % (L // BLOCK_L)
-    steps = kc * L + qb * BLOCK_L + tl.arange(0, BLOCK_L)
-    live = steps < S
-    rows = bh * S + steps
-    offs_t = bh * NC * L + steps
+    kc, qb, _, live, rows, offs_t = query_block(pid_t, bh, S, NC, L, BLOCK_L)
     offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     mask_v = offs_v < DV
     state = bh * (NC + 1) + kc
