@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from kernels_common.triton_utils import cdiv, device_guard
-from tfla_mlstm.kernels.forward import load_rows, query_block, store_rows
+from tfla_mlstm.kernels.forward import load_rows, query_block, scores, store_rows
 from tfla_mlstm.kernels.tiles import Tiles
 
 StepGates = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -156,12 +156,9 @@ def _normalizer_grad_kernel(
     for kb in range(qb + 1):
         keys = kc * L + kb * BLOCK_L + tl.arange(0, BLOCK_L)
         key_live = keys < S
-        s = tl.zeros((BLOCK_L, BLOCK_L), dtype=tl.float32)
-        for d0 in range(0, DQK, BLOCK_QK):
-            offs_qk = d0 + tl.arange(0, BLOCK_QK)
-            q = load_rows(q_ptr, rows, live, offs_qk, DQK)
-            k = load_rows(k_ptr, bh * S + keys, key_live, offs_qk, DQK)
-            s += tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s = scores(
+            q_ptr, k_ptr, rows, live, bh * S + keys, key_live, DQK, BLOCK_L, BLOCK_QK, PRECISION
+        )
         w = s * _intra_weights(b_ptr, a_ptr, m_step_ptr, g, offs_t, bh * NC * L + keys, scale)
         dw = _dh_dot_v(
             dh_ptr, v_ptr, rows, live, bh * S + keys, key_live, inv_den, DV,
@@ -323,12 +320,18 @@ def _dv_kernel(
         steps = kc * L + qb * BLOCK_L + tl.arange(0, BLOCK_L)
         live = steps < S
         offs_t = bh * NC * L + steps
-        s = tl.zeros((BLOCK_L, BLOCK_L), dtype=tl.float32)
-        for d0 in range(0, DQK, BLOCK_QK):
-            offs_qk = d0 + tl.arange(0, BLOCK_QK)
-            q = load_rows(q_ptr, bh * S + steps, live, offs_qk, DQK)
-            k = load_rows(k_ptr, key_rows, key_live, offs_qk, DQK)
-            s += tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s = scores(
+            q_ptr,
+            k_ptr,
+            bh * S + steps,
+            live,
+            key_rows,
+            key_live,
+            DQK,
+            BLOCK_L,
+            BLOCK_QK,
+            PRECISION,
+        )
         w = s * _intra_weights(b_ptr, a_ptr, m_step_ptr, g, offs_t, offs_j, scale)
         w = w * (1.0 / tl.load(den_ptr + offs_t))[:, None]  # W_tj / den_t: G_t = dh_t / den_t
         dh = load_rows(dh_ptr, bh * S + steps, live, offs_v, DV)

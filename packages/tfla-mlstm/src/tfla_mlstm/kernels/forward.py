@@ -42,6 +42,19 @@ def load_rows(ptr, rows, live, cols, n_cols):
 
 
 @triton.jit
+def scores(q_ptr, k_ptr, q_rows, q_live, k_rows, k_live, DQK, BLOCK_L: tl.constexpr,
+           BLOCK_QK: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """``q kᵀ`` of a block of query rows and a block of key rows, float32, over DQK in blocks."""
+    s = tl.zeros((BLOCK_L, BLOCK_L), dtype=tl.float32)
+    for d0 in range(0, DQK, BLOCK_QK):
+        offs_qk = d0 + tl.arange(0, BLOCK_QK)
+        q = load_rows(q_ptr, q_rows, q_live, offs_qk, DQK)
+        k = load_rows(k_ptr, k_rows, k_live, offs_qk, DQK)
+        s += tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    return s
+
+
+@triton.jit
 def store_rows(ptr, rows, live, cols, n_cols, x):
     """Store the float32 tile ``x`` into ``ptr[rows, cols]`` in ``ptr``'s dtype, live rows only."""
     tl.store(
@@ -143,12 +156,9 @@ def _chunk_output_kernel(
         keys = kc * L + kb * BLOCK_L + tl.arange(0, BLOCK_L)
         key_live = keys < S
         offs_j = bh * NC * L + keys
-        s = tl.zeros((BLOCK_L, BLOCK_L), dtype=tl.float32)
-        for d0 in range(0, DQK, BLOCK_QK):
-            offs_qk = d0 + tl.arange(0, BLOCK_QK)
-            q = load_rows(q_ptr, rows, live, offs_qk, DQK)
-            k = load_rows(k_ptr, bh * S + keys, key_live, offs_qk, DQK)
-            s += tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s = scores(
+            q_ptr, k_ptr, rows, live, bh * S + keys, key_live, DQK, BLOCK_L, BLOCK_QK, PRECISION
+        )
         log_d = b_t[:, None] - g + tl.load(a_ptr + offs_j)[None, :] - m_t[:, None]
         # masked before exp: above the diagonal log_d is large and positive (b falls with j)
         log_d = tl.where(offs_t[:, None] >= offs_j[None, :], log_d, float("-inf"))
