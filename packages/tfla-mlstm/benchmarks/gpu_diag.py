@@ -14,7 +14,8 @@ and ``DIR/profile_<name>.txt`` holds each profiled call's kernel table:
 3. each of our kernels alone at S=8192 with the default layouts, and the gate gradients' PyTorch
    ops alone;
 4. the chunk-state kernels (forward and ``dC``) at S=32768 (B=2, 32 batch-heads, so few programs)
-   under several tile layouts ``(steps, DQK, DV, warps, stages)``, the default first.
+   under several tile layouts ``(steps, DQK, DV, warps, stages)``, the default first;
+5. our mLSTM's forward + backward per chunk size (64, 128, 256) at S=8192, 32768, 2048.
 
 It reads the package's private kernel launchers (``tfla_mlstm.kernels``), so it follows them.
 """
@@ -195,25 +196,24 @@ def prepared(B: int, S: int) -> dict:
         torch.full((B, NH, 1), float("-inf"), device=DEVICE),
     )
     tiles = Tiles.choose(L, DQK, DV, DTYPE)
-    gates, (C, n) = _forward_states(kf, vf, x["i"], x["f"], initial, MLSTM, L, tiles)
+    state_tiles = Tiles.choose(L, DQK, DV, DTYPE, kernel="states")
+    gates, (C, n) = _forward_states(kf, vf, x["i"], x["f"], initial, MLSTM, L, state_tiles)
     h = torch.empty(BH, S, DV, device=DEVICE, dtype=DTYPE)
     options = {"chunk_size": L, "stabilized": True}
     den, z = chunk_output(
         qf, kf, vf, gates[:-1], (C, n, gates[-1]), h, eps=1e-6, normalize=True, tiles=tiles,
         **options,
     )  # fmt: skip
-    backward_tiles = Tiles.choose(L, DQK, DV, DTYPE, backward=True)
+    backward_tiles = Tiles.choose(L, DQK, DV, DTYPE, kernel="gradients")
     dz, _ = normalizer_backward(
         qf, kf, vf, dhf, gates, (den, z), C, tiles=backward_tiles, **options
     )
     d_last = (torch.zeros(BH, DQK * DV, device=DEVICE), torch.zeros(BH, DQK, device=DEVICE))
-    dC, dn = chunk_states_backward(
-        qf, dhf, gates, den, dz, d_last, chunk_size=L, tiles=backward_tiles
-    )
+    dC, dn = chunk_states_backward(qf, dhf, gates, den, dz, d_last, chunk_size=L, tiles=state_tiles)
     return {
         "x": x, "qf": qf, "kf": kf, "vf": vf, "dhf": dhf, "initial": initial, "gates": gates,
         "C": C, "n": n, "h": h, "den": den, "z": z, "dz": dz, "d_last": d_last, "dC": dC, "dn": dn,
-        "tiles": tiles, "backward_tiles": backward_tiles,
+        "tiles": tiles, "backward_tiles": backward_tiles, "state_tiles": state_tiles,
     }  # fmt: skip
 
 
@@ -251,13 +251,18 @@ def launches(P: dict) -> dict[str, Callable[[Tiles], object]]:
     }  # fmt: skip
 
 
+def layout_of(P: dict, name: str) -> Tiles:
+    """The default layout of the kernel ``name`` of :func:`launches`."""
+    if name.startswith("states"):
+        return P["state_tiles"]
+    return P["tiles"] if name == "output" else P["backward_tiles"]
+
+
 def kernels_alone(diag: Diagnosis) -> None:
     P = prepared(8, 8192)
     table = diag.results.setdefault("kernels_ms_S8192", {})
     for name, launch in launches(P).items():
-        forward_pass = name in ("states", "output")
-        tiles = P["tiles"] if forward_pass else P["backward_tiles"]
-        table[name] = bench(functools.partial(launch, tiles))
+        table[name] = bench(functools.partial(launch, layout_of(P, name)))
     B, S = 8, 8192
     rows = [torch.randn(B, NH, S, device=DEVICE) for _ in range(2)]
     i, f = P["x"]["i"], P["x"]["f"]
@@ -271,7 +276,14 @@ def kernels_alone(diag: Diagnosis) -> None:
 
 
 # (steps, DQK, DV, warps, stages); ``None`` stands for the default layout of the pass
-STATE_LAYOUTS = [None, (64, 64, 64, 4, 2), (64, 64, 128, 4, 2), (128, 64, 64, 4, 1)]
+# the previous 16-bit state layouts (forward, then the backward's recompute) come first
+STATE_LAYOUTS = [
+    None,
+    (64, 128, 128, 4, 2),
+    (32, 128, 128, 4, 2),
+    (64, 64, 64, 4, 2),
+    (128, 64, 128, 4, 1),
+]
 
 
 def state_tiles(diag: Diagnosis) -> None:
@@ -279,7 +291,7 @@ def state_tiles(diag: Diagnosis) -> None:
     table = diag.results.setdefault("state_kernels_ms_S32768", {})
     calls = launches(P)
     for name in ("states", "states_bwd"):
-        default = P["tiles"] if name == "states" else P["backward_tiles"]
+        default = layout_of(P, name)
         for layout in STATE_LAYOUTS:
             if diag.left() < 15:
                 return
@@ -292,6 +304,30 @@ def state_tiles(diag: Diagnosis) -> None:
             print(key, table[key], flush=True)
 
 
+def chunk_sizes(diag: Diagnosis) -> None:
+    """Our mLSTM's forward + backward time and peak memory per chunk size at B·S = 65,536, the
+    measurements behind ``default_chunk_size``."""
+    table = diag.results.setdefault("chunk_sizes_fwd+bwd", {})
+    for S in (8192, 32768, 2048):
+        x, dh = make(65536 // S, S)
+        for chunk in (128, 256, 64):
+            if diag.left() < 15:
+                return
+            call = functools.partial(
+                forward_backward, functools.partial(mlstm_chunkwise, chunk_size=chunk), x, dh
+            )
+            ms = bench(call)
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            call()
+            torch.cuda.synchronize()
+            peak = round((torch.cuda.max_memory_allocated() - base) / 2**20)
+            table[f"S{S}/L{chunk}"] = {"ms": ms, "peak_MiB": peak}
+            print(f"S{S}/L{chunk}", table[f"S{S}/L{chunk}"], flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("reports/gpu/tfla-diag"))
@@ -302,6 +338,7 @@ def main() -> None:
     diag.section("profile", 15, lambda: profile(diag))
     diag.section("kernels_alone", 15, lambda: kernels_alone(diag))
     diag.section("state_tiles", 20, lambda: state_tiles(diag))
+    diag.section("chunk_sizes", 20, lambda: chunk_sizes(diag))
     print(json.dumps(diag.results, indent=1, default=str)[:6000])
 
 

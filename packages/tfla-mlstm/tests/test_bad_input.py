@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tfla_mlstm import mlstm_chunkwise, mlstm_parallel, mlstm_step, mlstmsig_chunkwise
+from tfla_mlstm import (
+    default_chunk_size,
+    mlstm_chunkwise,
+    mlstm_parallel,
+    mlstm_step,
+    mlstmsig_chunkwise,
+)
 
 
 def inputs(B=1, NH=2, S=5, DQK=4, DV=3, dtype=torch.float32):
@@ -50,6 +56,15 @@ def test_chunk_size_must_be_a_power_of_two_of_at_least_16(chunk_size):
         mlstm_chunkwise(*inputs(), chunk_size=chunk_size)
     with pytest.raises(TypeError, match=r"chunk_size must be an int"):
         mlstmsig_chunkwise(*inputs(), chunk_size=32.0)
+
+
+def test_default_chunk_size_takes_a_positive_int_length():
+    with pytest.raises(ValueError, match=r"sequence_length must be >= 1, got 0"):
+        default_chunk_size(0)
+    with pytest.raises(TypeError, match=r"sequence_length must be an int, got float"):
+        default_chunk_size(128.0)
+    with pytest.raises(TypeError, match=r"chunk_size must be an int, got str"):
+        mlstm_chunkwise(*inputs(), chunk_size="auto")
 
 
 def test_bad_states():

@@ -14,6 +14,7 @@ import torch
 
 from kernels_common.testing import Tolerance, assert_kernel_matches
 from tfla_mlstm import (
+    default_chunk_size,
     mlstm_chunkwise,
     mlstm_parallel,
     mlstm_recurrent,
@@ -97,3 +98,25 @@ def test_large_gates_stay_finite_and_exact(make_inputs, variant):
     assert torch.isfinite(h).all()
     assert all(torch.isfinite(inputs[n].grad).all() for n in "qkvif")
     check(parallel, functools.partial(chunkwise, chunk_size=32, backend="reference"), make)
+
+
+@pytest.mark.parametrize(("S", "chunk_size"), [(1, 16), (20, 32), (64, 64), (100, 128), (300, 128)])
+def test_chunkwise_ops_default_to_the_chunk_size_heuristic(make_inputs, monkeypatch, S, chunk_size):
+    """Without ``chunk_size`` both chunkwise ops run ``default_chunk_size(S)``: the chunk that
+    reaches the chunkwise form is recorded."""
+    from tfla_mlstm import ops
+
+    assert default_chunk_size(S) == chunk_size
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["chunk_size"])
+        return chunkwise_op(*args, **kwargs)
+
+    chunkwise_op = ops.chunkwise_op
+    monkeypatch.setattr(ops, "chunkwise_op", recording)
+    x = make_inputs(1, 1, S, 8, 4)(torch.Generator().manual_seed(0))
+    mlstm_chunkwise(**x, backend="reference")
+    mlstmsig_chunkwise(**x, backend="reference")
+    mlstm_chunkwise(**x, chunk_size=16, backend="reference")
+    assert seen == [chunk_size, chunk_size, 16]

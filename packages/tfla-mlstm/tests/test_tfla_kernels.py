@@ -122,13 +122,16 @@ def test_kernels_take_non_contiguous_inputs(triton_backend, make_inputs):
 def test_16_bit_tile_layout_matches_the_parallel_form(
     triton_backend, make_inputs, monkeypatch, variant
 ):
-    """The bf16/fp16 layout (head tiles up to 128, 32-step backward blocks) on float32 inputs with
-    full-precision dots, so the float32 bounds apply: its masks and block loops are under test
-    (DQK 80 and DV 144 leave partial head tiles; S 200 a partial chunk of 128)."""
+    """The bf16/fp16 layouts (head tiles up to 128 and 64 / 32-step blocks at level 2; 64-wide
+    head tiles over whole 128-step chunks, one stage, for the chunk states) on float32 inputs
+    with full-precision dots, so the float32 bounds apply: their masks and block loops are under
+    test (DQK 80 and DV 144 leave partial head tiles; S 200 a partial chunk of 128)."""
     choose = Tiles.choose.__func__
+    used = []
 
-    def sixteen_bit(cls, chunk_size, dqk, dv, dtype, *, backward=False):
-        tiles = choose(cls, chunk_size, dqk, dv, torch.bfloat16, backward=backward)
+    def sixteen_bit(cls, chunk_size, dqk, dv, dtype, *, kernel="output"):
+        tiles = choose(cls, chunk_size, dqk, dv, torch.bfloat16, kernel=kernel)
+        used.append(tiles)
         return dataclasses.replace(tiles, precision="ieee")
 
     monkeypatch.setattr(Tiles, "choose", classmethod(sixteen_bit))
@@ -136,6 +139,56 @@ def test_16_bit_tile_layout_matches_the_parallel_form(
         1, 1, 200, 80, 144, sig=variant == "sig", device=device_for_backend(triton_backend)
     )
     check(triton_backend, variant, inputs, chunk_size=128)
+    # the three layouts this test exists for: output, states, gradients (bf16, DQK 80, DV 144)
+    assert {(t.seq, t.qk, t.v, t.stages) for t in used} == {
+        (64, 128, 128, 2), (128, 64, 64, 1), (32, 128, 128, 2)
+    }  # fmt: skip
+
+
+def test_chunk_state_layout_is_the_anchors():
+    """bf16 chunk-state kernels: mlstm-kernels' layout, 64-wide head tiles (8 programs per head at
+    DQK 128, DV 256) over whole chunks of up to 128 steps, one stage, 2 warps under 64-wide tiles;
+    float32 keeps its one layout; an unknown kernel group is refused."""
+    tiles = Tiles.choose(128, 128, 256, torch.bfloat16, kernel="states")
+    assert -(-128 // tiles.qk) * -(-256 // tiles.v) == 8
+    assert (tiles.seq, tiles.warps, tiles.stages) == (128, 4, 1)
+    assert Tiles.choose(512, 128, 256, torch.bfloat16, kernel="states").seq == 128
+    small = Tiles.choose(32, 32, 48, torch.float16, kernel="states")
+    assert (small.seq, small.qk, small.v, small.warps) == (32, 32, 64, 2)
+    assert Tiles.choose(128, 128, 256, torch.float32, kernel="states") == Tiles.choose(
+        128, 128, 256, torch.float32, kernel="gradients"
+    )
+    with pytest.raises(ValueError, match=r"kernel must be one of .*'states'.*got 'dq'"):
+        Tiles.choose(128, 128, 256, torch.bfloat16, kernel="dq")
+
+
+@pytest.mark.parametrize("variant", ["mlstm", "sig"])
+def test_backward_recomputes_the_forward_states_bit_for_bit(
+    triton_backend, make_inputs, monkeypatch, variant
+):
+    """float16 (the 16-bit layouts, which differ between the passes at level 2): the backward
+    pass recomputes the chunk states with the forward pass's kernel and layout, so the gradients
+    are those of the states that produced ``h``, not of a differently rounded copy."""
+    from tfla_mlstm import autograd
+
+    computed = []
+
+    def recorded(*args, **kwargs):
+        out = chunk_states(*args, **kwargs)
+        computed.append([x.clone() for x in out])
+        return out
+
+    chunk_states = autograd.chunk_states
+    monkeypatch.setattr(autograd, "chunk_states", recorded)
+    x = make_inputs(
+        1, 2, 150, 32, 48, sig=variant == "sig", dtype=torch.float16,
+        device=device_for_backend(triton_backend),
+    )(torch.Generator().manual_seed(0))  # fmt: skip
+    fn = mlstm_chunkwise if variant == "mlstm" else mlstmsig_chunkwise
+    fn(**x, chunk_size=64, backend=triton_backend).float().sum().backward()
+    assert len(computed) == 2
+    for forward, recomputed in zip(*computed, strict=True):
+        assert torch.equal(forward, recomputed)
 
 
 @pytest.mark.parametrize("variant", ["mlstm", "sig"])

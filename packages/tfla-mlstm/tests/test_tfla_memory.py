@@ -102,3 +102,16 @@ def test_saved_and_returned_state_do_not_hold_every_chunk_state(triton_backend, 
     for tensor in saved:
         storage = tensor.untyped_storage()
         assert storage.data_ptr() in input_storages or storage.nbytes() in allowed, tensor.shape
+
+
+@pytest.mark.parametrize("chunk_size", [16, 32, 64])
+def test_chunk_states_shrink_with_the_chunk_size(triton_backend, chunk_size):
+    """The memory side of a larger chunk: the forward pass allocates the states of
+    ``ceil(S / chunk_size) + 1`` chunk boundaries, and nothing else of the states' shape (the
+    interpreter copies a kernel's arguments, so one buffer may be seen more than once)."""
+    x = inputs(device_for_backend(triton_backend), torch.float16, grad=False)
+    with torch.no_grad(), RecordOutputs() as recorded:
+        mlstm_chunkwise(**x, chunk_size=chunk_size, backend=triton_backend)
+    # (B·NH, boundaries, DQK, DV); the initial and last states are (B, NH, DQK, DV), B = 1
+    states = [s for _, s, _ in recorded.outputs if len(s) == 4 and s[0] == B * NH]
+    assert set(states) == {(B * NH, -(-S // chunk_size) + 1, DQK, DV)}

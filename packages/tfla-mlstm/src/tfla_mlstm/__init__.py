@@ -10,6 +10,7 @@ from importlib import metadata as _metadata
 from tfla_mlstm.layers import mLSTMLayer, xLSTMBlock
 from tfla_mlstm.model import xLSTMConfig, xLSTMLM
 from tfla_mlstm.ops import (
+    default_chunk_size,
     mlstm_chunkwise,
     mlstm_parallel,
     mlstm_recurrent,
@@ -30,6 +31,7 @@ __all__ = [
     "MLSTMSigState",
     "MLSTMState",
     "__version__",
+    "default_chunk_size",
     "mLSTMLayer",
     "mlstm_chunkwise",
     "mlstm_parallel",

@@ -18,6 +18,7 @@ function.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -67,15 +68,18 @@ class TFLAFunction(torch.autograd.Function):
     def forward(ctx: Any, q, k, v, i, f, C0, n0, m0, variant: Variant, eps: float, chunk_size):
         B, NH, S, DQK = q.shape
         DV = v.shape[-1]
-        tiles = Tiles.choose(chunk_size, DQK, DV, q.dtype)
+        layout = functools.partial(Tiles.choose, chunk_size, DQK, DV, q.dtype)
+        state_tiles = layout(kernel="states")
         qf, kf, vf = (_flat(x) for x in (q, k, v))
-        step_gates, states = _forward_states(kf, vf, i, f, (C0, n0, m0), variant, chunk_size, tiles)
+        step_gates, states = _forward_states(
+            kf, vf, i, f, (C0, n0, m0), variant, chunk_size, state_tiles
+        )
         m_chunk = step_gates[-1]
         h = torch.empty(B, NH, S, DV, device=q.device, dtype=q.dtype)
         den, z = chunk_output(
             qf, kf, vf, step_gates[:-1], (*states, m_chunk), h.view(B * NH, S, DV),
             eps=eps, chunk_size=chunk_size, stabilized=variant.stabilized,
-            normalize=variant.normalize, tiles=tiles,
+            normalize=variant.normalize, tiles=layout(kernel="output"),
         )  # fmt: skip
         # copies: a view would keep the states of every chunk alive as long as the last one
         C, n = states
@@ -85,22 +89,20 @@ class TFLAFunction(torch.autograd.Function):
             m_chunk[:, -1].reshape(B, NH, 1).clone(),
         )
         ctx.save_for_backward(q, k, v, i, f, C0, n0, m0, den, z, *last[:2])
-        ctx.options = (
-            variant,
-            eps,
-            chunk_size,
-            Tiles.choose(chunk_size, DQK, DV, q.dtype, backward=True),
-        )
+        ctx.options = (variant, eps, chunk_size, state_tiles, layout(kernel="gradients"))
         return h, *last
 
     @staticmethod
     def backward(ctx: Any, dh, dC_last, dn_last, dm_last):
         q, k, v, i, f, C0, n0, m0, den, z, C_last, n_last = ctx.saved_tensors
-        variant, eps, chunk_size, tiles = ctx.options
+        variant, eps, chunk_size, state_tiles, tiles = ctx.options
         B, NH, S, DQK = q.shape
         DV = v.shape[-1]
         qf, kf, vf = (_flat(x) for x in (q, k, v))
-        step_gates, states = _forward_states(kf, vf, i, f, (C0, n0, m0), variant, chunk_size, tiles)
+        # the forward pass's states exactly: the same kernel with the same layout
+        step_gates, states = _forward_states(
+            kf, vf, i, f, (C0, n0, m0), variant, chunk_size, state_tiles
+        )
         dhf = _flat(dh)
         grads = [torch.empty(x.shape, device=x.device, dtype=x.dtype) for x in (q, k, v)]
         options = {"chunk_size": chunk_size, "tiles": tiles}
@@ -116,7 +118,9 @@ class TFLAFunction(torch.autograd.Function):
         )
         del states  # freed before the dC kernel allocates the states' gradients
         d_last = (_per_head(dC_last), _per_head(dn_last))
-        dC, dn = chunk_states_backward(qf, dhf, step_gates, den, dz, d_last, **options)
+        dC, dn = chunk_states_backward(
+            qf, dhf, step_gates, den, dz, d_last, chunk_size=chunk_size, tiles=state_tiles
+        )
         k_dk = kv_backward(
             qf, kf, vf, dhf, step_gates, den, dz, (dC, dn),
             (grads[1].view(B * NH, S, DQK), grads[2].view(B * NH, S, DV)), **options,

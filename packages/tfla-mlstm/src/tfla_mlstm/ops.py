@@ -14,11 +14,18 @@ from collections.abc import Callable, Sequence
 import torch
 
 from kernels_common.backend import Backend, KernelOp
+from kernels_common.triton_utils import next_power_of_2
 from tfla_mlstm.reference.chunkwise import chunkwise_forward
 from tfla_mlstm.reference.parallel import parallel_forward
 from tfla_mlstm.reference.recurrent import recurrent_forward, recurrent_step
 from tfla_mlstm.states import MLSTMSigState, MLSTMState
-from tfla_mlstm.validation import check_chunk_size, check_eps, check_inputs, check_state
+from tfla_mlstm.validation import (
+    check_chunk_size,
+    check_eps,
+    check_inputs,
+    check_length,
+    check_state,
+)
 from tfla_mlstm.variant import MLSTM, Variant, mlstmsig
 
 State = MLSTMState | MLSTMSigState
@@ -29,6 +36,40 @@ chunkwise_op = KernelOp(
     reference=chunkwise_forward,
     triton="tfla_mlstm.autograd:tfla_chunkwise",
 )
+
+LARGEST_DEFAULT_CHUNK = 128
+
+
+def default_chunk_size(sequence_length: int) -> int:
+    """The chunk size the chunkwise ops use for ``S`` steps when given none: 128 from ``S = 128``
+    on (the anchor's default, which its benchmarks found fastest), below that the smallest power
+    of two >= ``S`` and >= 16, so a short sequence is one chunk with the least padding.
+
+    Larger chunks trade compute for memory: the chunk states, ``(B, NH, S / chunk_size + 1, DQK,
+    DV)`` float32 in the forward pass and again (recomputed, with their gradients) in the
+    backward pass, shrink in proportion, while each query attends to more keys inside its chunk.
+    This is what ``mlstm-kernels`` offers as keeping every ``k``-th state (its
+    ``chunk_size_intra = k * chunk_size_inter``); here ``chunk_size=k * 128`` is that layout.
+
+    Example:
+        >>> [default_chunk_size(s) for s in (1, 20, 64, 100, 128, 8192)]
+        [16, 32, 64, 128, 128, 128]
+    """
+    check_length(sequence_length)
+    return min(LARGEST_DEFAULT_CHUNK, max(16, next_power_of_2(sequence_length)))
+
+
+def _chunkwise(chunk_size: int | None, backend: str | Backend | None) -> Callable[..., object]:
+    """The chunkwise form with a checked chunk size, or :func:`default_chunk_size` of the
+    inputs' length for ``None``."""
+    if chunk_size is not None:
+        check_chunk_size(chunk_size)
+
+    def form(q: torch.Tensor, *args: object, **options: object) -> object:
+        size = default_chunk_size(q.shape[-2]) if chunk_size is None else chunk_size
+        return chunkwise_op(q, *args, **options, chunk_size=size, backend=backend)
+
+    return form
 
 
 def _initial_state(
@@ -89,7 +130,7 @@ def mlstm_chunkwise(
     i: torch.Tensor,
     f: torch.Tensor,
     *,
-    chunk_size: int = 128,
+    chunk_size: int | None = None,
     initial_state: Sequence[torch.Tensor] | None = None,
     return_last_state: bool = False,
     eps: float = 1e-6,
@@ -107,7 +148,9 @@ def mlstm_chunkwise(
         v: ``(B, NH, S, DV)`` values.
         i: ``(B, NH, S)`` input gate pre-activations.
         f: ``(B, NH, S)`` forget gate pre-activations.
-        chunk_size: a power of two >= 16; any ``S >= 1`` works (padded internally).
+        chunk_size: a power of two >= 16, or ``None`` for :func:`default_chunk_size` of ``S``
+            (128 from ``S = 128`` on); any ``S >= 1`` works (padded internally). Larger chunks
+            hold fewer chunk states (memory) for more work inside each chunk.
         initial_state: ``(C (B, NH, DQK, DV), n (B, NH, DQK), m (B, NH, 1))`` or ``None``.
         return_last_state: also return the state after the last step.
         eps: added to the denominator.
@@ -123,15 +166,14 @@ def mlstm_chunkwise(
         >>> q = k = torch.randn(1, 2, 20, 8)
         >>> v, i, f = torch.randn(1, 2, 20, 4), torch.randn(1, 2, 20), torch.randn(1, 2, 20)
         >>> h, (C, n, m) = mlstm_chunkwise(
-        ...     q, k, v, i, f, chunk_size=16, return_last_state=True, backend="reference"
+        ...     q, k, v, i, f, return_last_state=True, backend="reference"
         ... )
         >>> h.shape, C.shape, m.shape
         (torch.Size([1, 2, 20, 4]), torch.Size([1, 2, 8, 4]), torch.Size([1, 2, 1]))
     """
-    check_chunk_size(chunk_size)
     return _run(
-        lambda *args, **kw: chunkwise_op(*args, **kw, backend=backend),
-        q, k, v, i, f, initial_state, return_last_state, MLSTM, eps, chunk_size=chunk_size,
+        _chunkwise(chunk_size, backend),
+        q, k, v, i, f, initial_state, return_last_state, MLSTM, eps,
     )  # fmt: skip
 
 
@@ -142,7 +184,7 @@ def mlstmsig_chunkwise(
     i: torch.Tensor,
     f: torch.Tensor,
     *,
-    chunk_size: int = 128,
+    chunk_size: int | None = None,
     initial_state: Sequence[torch.Tensor] | None = None,
     return_last_state: bool = False,
     normalize: bool = True,
@@ -162,11 +204,9 @@ def mlstmsig_chunkwise(
         >>> mlstmsig_chunkwise(q, k, v, i, f, chunk_size=16, backend="reference").shape
         torch.Size([1, 1, 5, 8])
     """
-    check_chunk_size(chunk_size)
     return _run(
-        lambda *args, **kw: chunkwise_op(*args, **kw, backend=backend),
+        _chunkwise(chunk_size, backend),
         q, k, v, i, f, initial_state, return_last_state, mlstmsig(normalize), eps,
-        chunk_size=chunk_size,
     )  # fmt: skip
 
 

@@ -112,6 +112,13 @@ def check_chunk_size(chunk_size: int) -> None:
         raise ValueError(f"chunk_size must be a power of two >= 16, got {chunk_size}")
 
 
+def check_length(sequence_length: int) -> None:
+    if isinstance(sequence_length, bool) or not isinstance(sequence_length, int):
+        raise TypeError(f"sequence_length must be an int, got {type(sequence_length).__name__}")
+    if sequence_length < 1:
+        raise ValueError(f"sequence_length must be >= 1, got {sequence_length}")
+
+
 def check_eps(eps: float) -> None:
     if not (isinstance(eps, int | float) and eps >= 0):
         raise ValueError(f"eps must be a non-negative number, got {eps!r}")
