@@ -100,6 +100,16 @@ def test_large_gates_stay_finite_and_exact(make_inputs, variant):
     check(parallel, functools.partial(chunkwise, chunk_size=32, backend="reference"), make)
 
 
+@pytest.mark.parametrize("S", [16, 32, 64, 128, 256, 8192])
+def test_default_chunk_size_is_the_anchors_where_the_anchor_has_one(S):
+    """mlstm-kernels' heuristic (defined for S = 16, 32, 64 and multiples of 128)."""
+    heuristics = pytest.importorskip("mlstm_kernels.triton.chunkwise.kernel_param_heuristics")
+    assert (
+        default_chunk_size(S)
+        == heuristics.select_heuristic_xl_chunk_kernel_params(S).chunk_size_intra
+    )
+
+
 @pytest.mark.parametrize(("S", "chunk_size"), [(1, 16), (20, 32), (64, 64), (100, 128), (300, 128)])
 def test_chunkwise_ops_default_to_the_chunk_size_heuristic(make_inputs, monkeypatch, S, chunk_size):
     """Without ``chunk_size`` both chunkwise ops run ``default_chunk_size(S)``: the chunk that

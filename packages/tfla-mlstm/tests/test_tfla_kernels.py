@@ -118,14 +118,21 @@ def test_kernels_take_non_contiguous_inputs(triton_backend, make_inputs):
     check(triton_backend, "mlstm", transposed)
 
 
+# (S, DQK, DV, chunk): partial head tiles and a partial chunk of 128; two 128-step state blocks
+# inside each chunk of 256, the second chunk partial
+SIXTEEN_BIT_CASES = [(200, 80, 144, 128), (300, 24, 40, 256)]
+
+
+@pytest.mark.parametrize("case", SIXTEEN_BIT_CASES, ids=str)
 @pytest.mark.parametrize("variant", ["mlstm", "sig"])
 def test_16_bit_tile_layout_matches_the_parallel_form(
-    triton_backend, make_inputs, monkeypatch, variant
+    triton_backend, make_inputs, monkeypatch, variant, case
 ):
     """The bf16/fp16 layouts (head tiles up to 128 and 64 / 32-step blocks at level 2; 64-wide
     head tiles over whole 128-step chunks, one stage, for the chunk states) on float32 inputs
     with full-precision dots, so the float32 bounds apply: their masks and block loops are under
-    test (DQK 80 and DV 144 leave partial head tiles; S 200 a partial chunk of 128)."""
+    test."""
+    S, DQK, DV, chunk_size = case
     choose = Tiles.choose.__func__
     used = []
 
@@ -136,25 +143,28 @@ def test_16_bit_tile_layout_matches_the_parallel_form(
 
     monkeypatch.setattr(Tiles, "choose", classmethod(sixteen_bit))
     inputs = make_inputs(
-        1, 1, 200, 80, 144, sig=variant == "sig", device=device_for_backend(triton_backend)
+        1, 1, S, DQK, DV, sig=variant == "sig", device=device_for_backend(triton_backend)
     )
-    check(triton_backend, variant, inputs, chunk_size=128)
-    # the three layouts this test exists for: output, states, gradients (bf16, DQK 80, DV 144)
-    assert {(t.seq, t.qk, t.v, t.stages) for t in used} == {
-        (64, 128, 128, 2), (128, 64, 64, 1), (32, 128, 128, 2)
-    }  # fmt: skip
+    check(triton_backend, variant, inputs, chunk_size=chunk_size)
+    # the three layouts this test exists for: output, states, gradients
+    expected = {(128, 80, 144): {(64, 128, 128, 2), (128, 64, 64, 1), (32, 128, 128, 2)},
+                (256, 24, 40): {(64, 32, 64, 2), (128, 32, 64, 1), (32, 32, 64, 2)}}  # fmt: skip
+    assert {(t.seq, t.qk, t.v, t.stages) for t in used} == expected[(chunk_size, DQK, DV)]
 
 
-def test_chunk_state_layout_is_the_anchors():
-    """bf16 chunk-state kernels: mlstm-kernels' layout, 64-wide head tiles (8 programs per head at
-    DQK 128, DV 256) over whole chunks of up to 128 steps, one stage, 2 warps under 64-wide tiles;
-    float32 keeps its one layout; an unknown kernel group is refused."""
-    tiles = Tiles.choose(128, 128, 256, torch.bfloat16, kernel="states")
-    assert -(-128 // tiles.qk) * -(-256 // tiles.v) == 8
-    assert (tiles.seq, tiles.warps, tiles.stages) == (128, 4, 1)
-    assert Tiles.choose(512, 128, 256, torch.bfloat16, kernel="states").seq == 128
-    small = Tiles.choose(32, 32, 48, torch.float16, kernel="states")
-    assert (small.seq, small.qk, small.v, small.warps) == (32, 32, 64, 2)
+@pytest.mark.parametrize(
+    ("chunk_size", "dqk", "dv"), [(128, 128, 256), (512, 64, 64), (32, 32, 48)]
+)
+def test_chunk_state_layout_is_the_anchors(chunk_size, dqk, dv):
+    """bf16 chunk-state kernels against mlstm-kernels' own choice for its recurrent state kernels
+    (``get_head_dim_block_size``, one stage, 4 warps at a 64-wide DQK tile, else 2) over blocks
+    of its 128-step inter chunk: 8 programs per head at DQK 128, DV 256. float32 keeps its one
+    layout; an unknown kernel group is refused."""
+    heuristics = pytest.importorskip("mlstm_kernels.triton.kernel_param_heuristics")
+    tiles = Tiles.choose(chunk_size, dqk, dv, torch.bfloat16, kernel="states")
+    qk, v = (heuristics.get_head_dim_block_size(d, min_block_size=64) for d in (dqk, dv))
+    assert (tiles.qk, tiles.v) == (qk, v)
+    assert (tiles.seq, tiles.stages, tiles.warps) == (min(chunk_size, 128), 1, 4 if qk == 64 else 2)
     assert Tiles.choose(128, 128, 256, torch.float32, kernel="states") == Tiles.choose(
         128, 128, 256, torch.float32, kernel="gradients"
     )
@@ -162,13 +172,15 @@ def test_chunk_state_layout_is_the_anchors():
         Tiles.choose(128, 128, 256, torch.bfloat16, kernel="dq")
 
 
+@pytest.mark.parametrize("chunk_size", [64, 128])
 @pytest.mark.parametrize("variant", ["mlstm", "sig"])
 def test_backward_recomputes_the_forward_states_bit_for_bit(
-    triton_backend, make_inputs, monkeypatch, variant
+    triton_backend, make_inputs, monkeypatch, variant, chunk_size
 ):
     """float16 (the 16-bit layouts, which differ between the passes at level 2): the backward
     pass recomputes the chunk states with the forward pass's kernel and layout, so the gradients
-    are those of the states that produced ``h``, not of a differently rounded copy."""
+    are those of the states that produced ``h``, not of a differently rounded copy. At chunk 128
+    the state layout's step block (128) differs from both level-2 layouts' (64, 32)."""
     from tfla_mlstm import autograd
 
     computed = []
@@ -185,7 +197,7 @@ def test_backward_recomputes_the_forward_states_bit_for_bit(
         device=device_for_backend(triton_backend),
     )(torch.Generator().manual_seed(0))  # fmt: skip
     fn = mlstm_chunkwise if variant == "mlstm" else mlstmsig_chunkwise
-    fn(**x, chunk_size=64, backend=triton_backend).float().sum().backward()
+    fn(**x, chunk_size=chunk_size, backend=triton_backend).float().sum().backward()
     assert len(computed) == 2
     for forward, recomputed in zip(*computed, strict=True):
         assert torch.equal(forward, recomputed)

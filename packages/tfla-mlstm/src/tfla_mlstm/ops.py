@@ -45,11 +45,13 @@ def default_chunk_size(sequence_length: int) -> int:
     on (the anchor's default, which its benchmarks found fastest), below that the smallest power
     of two >= ``S`` and >= 16, so a short sequence is one chunk with the least padding.
 
-    Larger chunks trade compute for memory: the chunk states, ``(B, NH, S / chunk_size + 1, DQK,
-    DV)`` float32 in the forward pass and again (recomputed, with their gradients) in the
+    Larger chunks trade compute for memory: the chunk states, ``(B, NH, ceil(S / chunk_size) +
+    1, DQK, DV)`` float32 in the forward pass and again (recomputed, with their gradients) in the
     backward pass, shrink in proportion, while each query attends to more keys inside its chunk.
     This is what ``mlstm-kernels`` offers as keeping every ``k``-th state (its
-    ``chunk_size_intra = k * chunk_size_inter``); here ``chunk_size=k * 128`` is that layout.
+    ``chunk_size_intra = k * chunk_size_inter``); here ``chunk_size=k * 128`` is that layout. The
+    anchor requires ``S`` to be a multiple of the chunk; here the last chunk is padded, so a
+    large chunk on a short remainder costs up to ``chunk_size - 1`` masked steps.
 
     Example:
         >>> [default_chunk_size(s) for s in (1, 20, 64, 100, 128, 8192)]

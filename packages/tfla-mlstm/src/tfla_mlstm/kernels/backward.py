@@ -10,10 +10,11 @@ value column), and the state entering chunk ``k`` receives ``dC_{k-1} = decay_k 
 ``decay_k = exp(g_k + m_{k-1} - m_k)``, both formed inside the kernels.
 
 ``dz_t = sign(z_t) dden_t`` where ``|z_t|`` beats its floor, ``dden_t = -dh_t·h_t / den_t``. No
-``h`` is saved: ``dh_t·h_t = G_t·N_t`` is summed by its own kernel in the order the forward pass
-sums the numerator ``N_t``, in float32, so ``dW_tj = G_t·v_j + dz_t`` cancels in float32 before
-it is rounded for a 16-bit dot, as with a float32 ``h`` (``dq`` accumulated as ``A_t + dz_t Z_t``
-from two separate dots would round ``G_t·v_j`` alone and lose that cancellation).
+``h`` is saved: ``dh_t·h_t = G_t·N_t`` is summed by its own kernel in float32 (for float32
+inputs in the forward pass's order; 16-bit inputs have other step blocks in the two passes), so
+``dW_tj = G_t·v_j + dz_t`` cancels in float32 before it is rounded for a 16-bit dot, as with a
+float32 ``h`` (``dq`` accumulated as ``A_t + dz_t Z_t`` from two separate dots would round
+``G_t·v_j`` alone and lose that cancellation).
 
 For 16-bit inputs every dot takes 16-bit operands, the state tiles (``C``, ``dC``) rounded as the
 forward pass rounds them; ``dh`` enters the dots unrounded, ``1 / den`` applied in float32 to the

@@ -9,7 +9,10 @@ import torch
 
 from kernels_common.triton_utils import next_power_of_2
 
-MAX_TILE = 64  # fixed on-chip tile edge: chunks of 128-1024 steps loop over tiles of this size
+# on-chip tile edge: float32 tiles, and 16-bit step blocks at level 2 and the 16-bit state
+# kernels' head tiles; 16-bit level-2 head tiles and state step blocks go to twice this. Chunks of
+# 128-1024 steps loop over blocks of these sizes.
+MAX_TILE = 64
 
 # the three groups of TFLA kernels with a layout of their own (see ``Tiles.choose``)
 Kernel = Literal["states", "output", "gradients"]
@@ -52,11 +55,11 @@ class Tiles:
           0.73x and forward + backward with 32-step blocks in both passes at 0.87x.
         * ``"states"`` (level 1: the chunk states, their recompute in the backward pass and their
           gradients): the anchor's layout for these kernels, 64-wide head tiles over whole chunks
-          of up to 128 steps, one stage, 4 warps (2 under 64-wide tiles). These kernels loop over
-          all chunks of one head, so their programs are the (DQK, DV) tiles of the batch-heads:
-          8 per head at DQK 128, DV 256, where 128-wide tiles gave 2 (64 programs for 32
-          batch-heads on an H200's 132 SMs). Both passes use the same layout, so the backward
-          pass recomputes exactly the states the forward pass used.
+          of up to 128 steps, one stage, 4 warps (2 when the DQK tile is narrower than 64).
+          These kernels loop over all chunks of one head, so their programs are the (DQK, DV)
+          tiles of the batch-heads: 8 per head at DQK 128, DV 256, where 128-wide tiles gave 2
+          (64 programs for 32 batch-heads on an H200's 132 SMs). Both passes use the same
+          layout, so the backward pass recomputes exactly the states the forward pass used.
         """
 
         def head(d: int, cap: int) -> int:
