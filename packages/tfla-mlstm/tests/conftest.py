@@ -52,3 +52,19 @@ def mlstm_inputs(
 @pytest.fixture
 def make_inputs() -> Callable[..., Callable[[torch.Generator], dict]]:
     return mlstm_inputs
+
+
+@pytest.fixture
+def chunk_sizes_seen(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The chunk size of every call that reaches the chunkwise form, in order."""
+    from tfla_mlstm import ops
+
+    seen: list[int] = []
+    chunkwise_op = ops.chunkwise_op
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["chunk_size"])
+        return chunkwise_op(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "chunkwise_op", recording)
+    return seen

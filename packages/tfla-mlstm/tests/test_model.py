@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tfla_mlstm import xLSTMConfig, xLSTMLM
+from tfla_mlstm import mLSTMLayer, xLSTMConfig, xLSTMLM
 
 # float32 layers on O(1) activations; stepping and chunkwise differ only in summation order
 ATOL = RTOL = 1e-5
@@ -98,6 +98,18 @@ def test_training_step_reaches_every_parameter():
 def test_config_errors(overrides, message):
     with pytest.raises(ValueError, match=message):
         xLSTMConfig(**overrides)
+
+
+def test_chunk_size_none_runs_the_default_chunk_of_each_length(chunk_sizes_seen):
+    """``chunk_size=None`` reaches the chunkwise op, which picks ``default_chunk_size(S)``: a
+    prompt of 20 tokens runs in one chunk of 32, equal to the model with ``chunk_size=32``."""
+    auto, fixed = model("mlstm", chunk_size=None), model("mlstm", chunk_size=32)
+    tokens = torch.randint(0, 40, (2, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(auto(tokens), fixed(tokens))
+    assert chunk_sizes_seen == [32] * (2 * auto.config.num_layers)
+    with pytest.raises(ValueError, match=r"power of two >= 16, got 24"):
+        mLSTMLayer(32, 2, 8, 16, chunk_size=24)
 
 
 def test_bad_tokens():

@@ -111,22 +111,14 @@ def test_default_chunk_size_is_the_anchors_where_the_anchor_has_one(S):
 
 
 @pytest.mark.parametrize(("S", "chunk_size"), [(1, 16), (20, 32), (64, 64), (100, 128), (300, 128)])
-def test_chunkwise_ops_default_to_the_chunk_size_heuristic(make_inputs, monkeypatch, S, chunk_size):
+def test_chunkwise_ops_default_to_the_chunk_size_heuristic(
+    make_inputs, chunk_sizes_seen, S, chunk_size
+):
     """Without ``chunk_size`` both chunkwise ops run ``default_chunk_size(S)``: the chunk that
     reaches the chunkwise form is recorded."""
-    from tfla_mlstm import ops
-
     assert default_chunk_size(S) == chunk_size
-    seen = []
-
-    def recording(*args, **kwargs):
-        seen.append(kwargs["chunk_size"])
-        return chunkwise_op(*args, **kwargs)
-
-    chunkwise_op = ops.chunkwise_op
-    monkeypatch.setattr(ops, "chunkwise_op", recording)
     x = make_inputs(1, 1, S, 8, 4)(torch.Generator().manual_seed(0))
     mlstm_chunkwise(**x, backend="reference")
     mlstmsig_chunkwise(**x, backend="reference")
     mlstm_chunkwise(**x, chunk_size=16, backend="reference")
-    assert seen == [chunk_size, chunk_size, 16]
+    assert chunk_sizes_seen == [chunk_size, chunk_size, 16]

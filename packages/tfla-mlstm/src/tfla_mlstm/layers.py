@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfla_mlstm.ops import mlstm_chunkwise, mlstm_step, mlstmsig_chunkwise, mlstmsig_step
+from tfla_mlstm.validation import check_chunk_size
 
 CELLS = ("mlstm", "mlstmsig")
 
@@ -31,7 +32,8 @@ class mLSTMLayer(nn.Module):
         d_model: model width.
         num_heads: heads ``NH``; ``qk_dim`` and ``v_dim`` are the per-head sizes.
         cell: ``"mlstm"`` (exponential input gate) or ``"mlstmsig"`` (sigmoid input gate).
-        chunk_size: chunk size of the chunkwise kernels.
+        chunk_size: chunk size of the chunkwise kernels (a power of two >= 16), or ``None`` for
+            :func:`tfla_mlstm.default_chunk_size` of each call's length.
         gate_soft_cap: soft cap of the gate pre-activations (``None``: off).
         backend: kernel backend passed to the chunkwise op (``None``: automatic).
 
@@ -50,13 +52,15 @@ class mLSTMLayer(nn.Module):
         v_dim: int,
         *,
         cell: str = "mlstm",
-        chunk_size: int = 64,
+        chunk_size: int | None = 64,
         gate_soft_cap: float | None = 15.0,
         backend: str | None = None,
     ) -> None:
         super().__init__()
         if cell not in CELLS:
             raise ValueError(f"cell must be one of {CELLS}, got {cell!r}")
+        if chunk_size is not None:
+            check_chunk_size(chunk_size)
         self.num_heads, self.qk_dim, self.v_dim = num_heads, qk_dim, v_dim
         self.cell, self.chunk_size, self.backend = cell, chunk_size, backend
         self.gate_soft_cap = gate_soft_cap

@@ -23,7 +23,8 @@ class xLSTMConfig:
         cell: ``"mlstm"`` or ``"mlstmsig"``.
         qk_dim_factor, v_dim_factor: per-head q/k and v sizes as fractions of ``d_model / NH``.
         ffn_factor: SwiGLU hidden size as a multiple of ``d_model`` (rounded up to 8).
-        chunk_size: chunk size of the chunkwise kernels (power of two >= 16).
+        chunk_size: chunk size of the chunkwise kernels (power of two >= 16), or ``None`` for
+            :func:`tfla_mlstm.default_chunk_size` of each call's length.
         gate_soft_cap: soft cap of the gate pre-activations, ``None`` for none.
         backend: kernel backend (``None``: automatic).
         tie_embeddings: the output head reuses the embedding matrix (default); ``False`` gives
@@ -39,7 +40,7 @@ class xLSTMConfig:
     qk_dim_factor: float = 0.5
     v_dim_factor: float = 1.0
     ffn_factor: float = 8 / 3
-    chunk_size: int = 64
+    chunk_size: int | None = 64
     gate_soft_cap: float | None = 15.0
     backend: str | None = None
     tie_embeddings: bool = True
@@ -58,7 +59,8 @@ class xLSTMConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
         if self.gate_soft_cap is not None and not self.gate_soft_cap > 0:
             raise ValueError(f"gate_soft_cap must be positive or None, got {self.gate_soft_cap}")
-        check_chunk_size(self.chunk_size)
+        if self.chunk_size is not None:
+            check_chunk_size(self.chunk_size)
         if not isinstance(self.tie_embeddings, bool):
             raise TypeError(f"tie_embeddings must be a bool, got {self.tie_embeddings!r}")
 
