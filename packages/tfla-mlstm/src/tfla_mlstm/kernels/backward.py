@@ -109,12 +109,7 @@ def _dh_dot_v(
 ):  # fmt: skip
     """``G_t·v_j = (dh_t·v_j) / den_t`` for a (query block, key block) pair, over DV in blocks
     (``dh·v`` from the inputs' dtype, exact products summed in float32; ``G`` is never rounded)."""
-    dw = tl.zeros((BLOCK_L, BLOCK_L), dtype=tl.float32)
-    for v0 in range(0, DV, BLOCK_V):
-        offs_v = v0 + tl.arange(0, BLOCK_V)
-        dh = load_rows(dh_ptr, rows, live, offs_v, DV)
-        v = load_rows(v_ptr, key_rows, key_live, offs_v, DV)
-        dw += tl.dot(dh, tl.trans(v), input_precision=PRECISION)
+    dw = scores(dh_ptr, v_ptr, rows, live, key_rows, key_live, DV, BLOCK_L, BLOCK_V, PRECISION)
     return dw * inv_den[:, None]
 
 

@@ -44,7 +44,8 @@ def load_rows(ptr, rows, live, cols, n_cols):
 @triton.jit
 def scores(q_ptr, k_ptr, q_rows, q_live, k_rows, k_live, DQK, BLOCK_L: tl.constexpr,
            BLOCK_QK: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
-    """``q kᵀ`` of a block of query rows and a block of key rows, float32, over DQK in blocks."""
+    """``q kᵀ`` of a block of query rows and a block of key rows, float32, over DQK in blocks
+    (the backward pass's ``dh vᵀ`` too, over DV)."""
     s = tl.zeros((BLOCK_L, BLOCK_L), dtype=tl.float32)
     for d0 in range(0, DQK, BLOCK_QK):
         offs_qk = d0 + tl.arange(0, BLOCK_QK)
