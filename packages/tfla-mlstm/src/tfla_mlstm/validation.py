@@ -104,17 +104,20 @@ def check_state(
     return tuple(state)
 
 
+def _check_int(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+
+
 def check_chunk_size(chunk_size: int) -> None:
     """Chunk sizes are powers of two >= 16 (the Triton tiles are at least 16 wide)."""
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
-        raise TypeError(f"chunk_size must be an int, got {type(chunk_size).__name__}")
+    _check_int("chunk_size", chunk_size)
     if chunk_size < 16 or not is_power_of_2(chunk_size):
         raise ValueError(f"chunk_size must be a power of two >= 16, got {chunk_size}")
 
 
 def check_length(sequence_length: int) -> None:
-    if isinstance(sequence_length, bool) or not isinstance(sequence_length, int):
-        raise TypeError(f"sequence_length must be an int, got {type(sequence_length).__name__}")
+    _check_int("sequence_length", sequence_length)
     if sequence_length < 1:
         raise ValueError(f"sequence_length must be >= 1, got {sequence_length}")
 
