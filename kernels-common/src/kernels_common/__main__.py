@@ -1,8 +1,10 @@
-"""Command line: ``kernels-common report DIR`` and ``kernels-common backend``."""
+"""Command line: ``kernels-common report DIR``, ``kernels-common backend`` and
+``kernels-common compile MODULE:FUNCTION``."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 
@@ -33,6 +35,24 @@ def _backend(args: argparse.Namespace) -> int:
     return 0
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from kernels_common.compile_check import resources_table, run_workload, to_json
+
+    kernels = run_workload(args.workload, arch=args.arch, **args.kwargs)
+    print(to_json(kernels) if args.json else resources_table(kernels))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = cli.ArgumentParser(prog="kernels-common", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -45,6 +65,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "backend", help="print the backend an op would use here for CPU and CUDA inputs"
     )
     backend.set_defaults(func=_backend)
+    compile_ = commands.add_parser(
+        "compile",
+        help="compile the Triton kernels a function launches for a CUDA target, without a GPU, "
+        "and print their registers, spills, shared memory and tensor-core use",
+    )
+    compile_.add_argument("workload", help="package.module:function, called with --kwargs")
+    compile_.add_argument(
+        "--kwargs", type=_json_object, default={}, help="the function's arguments, a JSON object"
+    )
+    compile_.add_argument(
+        "--arch", type=int, default=90, help="compute capability ×10 (90: H100/H200)"
+    )
+    compile_.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    compile_.set_defaults(func=_compile)
     return cli.run(parser, lambda args: args.func(args), argv)
 
 

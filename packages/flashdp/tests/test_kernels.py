@@ -203,7 +203,7 @@ def test_every_autotune_config_matches(triton_backend, monkeypatch):
     per_example = torch.einsum("bto,bti->boi", grad_output.double(), x.double())
     tuned = {
         kernels._norm2_kernel: kernels._CONFIGS,
-        kernels._clipped_sum_kernel: kernels._CONFIGS,
+        kernels._clipped_sum_kernel: kernels._CLIPPED_SUM_CONFIGS,
         kernels._store_kernel: kernels._CONFIGS,
         kernels._weighted_sum_kernel: kernels._SUM_CONFIGS,
     }

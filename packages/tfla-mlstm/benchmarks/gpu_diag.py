@@ -15,7 +15,9 @@ and ``DIR/profile_<name>.txt`` holds each profiled call's kernel table:
    ops alone;
 4. the chunk-state kernels (forward and ``dC``) at S=32768 (B=2, 32 batch-heads, so few programs)
    under several tile layouts ``(steps, DQK, DV, warps, stages)``, the default first;
-5. our mLSTM's forward + backward per chunk size (128, 256, 64) at S=8192, 32768, 2048.
+5. the backward's level-2 kernels (dq, dk + dv, normalizer) at S=8192 (B=8) under several tile
+   layouts, the default first;
+6. our mLSTM's forward + backward per chunk size (128, 256, 64) at S=8192, 32768, 2048.
 
 It reads the package's private kernel launchers (``tfla_mlstm.kernels``), so it follows them.
 """
@@ -288,13 +290,24 @@ STATE_LAYOUTS = [
 ]
 
 
-def state_tiles(diag: Diagnosis) -> None:
-    P = prepared(2, 32768)
-    table = diag.results.setdefault("state_kernels_ms_S32768", {})
+# the backward's level-2 layouts (dq, dk+dv, normalizer; one layout for all), the default first:
+# 64-step blocks are the row count of Hopper's warpgroup MMA (the default's 32 fall back to
+# mma.sync), and these five compile for sm_90 without spilling (benchmarks/compile_sm90.py)
+GRADIENT_LAYOUTS = [
+    None,
+    (64, 128, 128, 8, 1),
+    (64, 128, 64, 4, 1),
+    (64, 64, 128, 4, 1),
+    (64, 64, 64, 4, 1),
+]
+
+
+def sweep(diag: Diagnosis, P: dict, table: dict, names, layouts) -> None:
+    """Each kernel of ``names`` under each layout, until the deadline is near."""
     calls = launches(P)
-    for name in ("states", "states_bwd"):
+    for name in names:
         default = layout_of(P, name)
-        for layout in STATE_LAYOUTS:
+        for layout in layouts:
             if diag.left() < 15:
                 return
             tiles = default if layout is None else Tiles(*layout[:3], "tf32", *layout[3:])
@@ -304,6 +317,16 @@ def state_tiles(diag: Diagnosis) -> None:
             except Exception as error:  # a layout that does not fit is a result
                 table[key] = f"failed: {error!r}"[:300]
             print(key, table[key], flush=True)
+
+
+def state_tiles(diag: Diagnosis) -> None:
+    table = diag.results.setdefault("state_kernels_ms_S32768", {})
+    sweep(diag, prepared(2, 32768), table, ("states", "states_bwd"), STATE_LAYOUTS)
+
+
+def gradient_tiles(diag: Diagnosis) -> None:
+    table = diag.results.setdefault("gradient_kernels_ms_S8192", {})
+    sweep(diag, prepared(8, 8192), table, ("dq", "dk+dv", "normalizer"), GRADIENT_LAYOUTS)
 
 
 def chunk_sizes(diag: Diagnosis) -> None:
@@ -334,13 +357,14 @@ def chunk_sizes(diag: Diagnosis) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("reports/gpu/tfla-diag"))
-    parser.add_argument("--deadline", type=float, default=100.0, help="seconds for all sections")
+    parser.add_argument("--deadline", type=float, default=140.0, help="seconds for all sections")
     args = parser.parse_args()
     diag = Diagnosis(args.out, args.deadline)
     diag.section("whole_op_S8192", 30, lambda: whole_op(diag, 8, 8192))
     diag.section("profile", 15, lambda: profile(diag))
     diag.section("kernels_alone", 15, lambda: kernels_alone(diag))
     diag.section("state_tiles", 20, lambda: state_tiles(diag))
+    diag.section("gradient_tiles", 20, lambda: gradient_tiles(diag))
     diag.section("chunk_sizes", 20, lambda: chunk_sizes(diag))
     print(json.dumps(diag.results, indent=1, default=str)[:6000])
 

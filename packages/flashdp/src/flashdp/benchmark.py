@@ -43,6 +43,42 @@ LLAMA_SHAPE = BenchShape(
 GPU_SHAPES = {"gpt2": GPU_SHAPE, "llama": LLAMA_SHAPE}
 
 
+def kernel_workload(
+    shape: str = "gpt2", dtype: str | None = None, layers: list[str] | None = None
+) -> None:
+    """Every flashdp Triton kernel launch of one private step of a GPU benchmark model's linear
+    layers, on CPU tensors: per-example norms and the clipped sum (``recompute``, flat clipping)
+    and the stored per-example gradients (``store``) of each linear layer (``layers``: some of
+    qkv, proj, up, down, head; default all). The workload ``kernels_common.compile_check``
+    compiles for a GPU without running it; ``dtype`` overrides the benchmark's bf16."""
+    from flashdp.kernels import (
+        linear_weight_clipped_sum_triton,
+        linear_weight_norm2_triton,
+        linear_weight_store_clip_triton,
+    )
+
+    if shape not in GPU_SHAPES:
+        raise ValueError(f"shape must be one of {sorted(GPU_SHAPES)}, got {shape!r}")
+    bench = GPU_SHAPES[shape]
+    config, batch = bench.config, bench.batch_size
+    kind = getattr(torch, dtype) if dtype else bench.dtype
+    width = config.width
+    shapes = {"qkv": (width, 3 * width), "proj": (width, width), "up": (width, 4 * width),
+              "down": (4 * width, width), "head": (width, config.vocab_size)}  # fmt: skip
+    unknown = set(layers or ()) - set(shapes)
+    if unknown:
+        raise ValueError(f"unknown layers {sorted(unknown)}; they are {list(shapes)}")
+    for name in layers or shapes:
+        d_in, d_out = shapes[name]
+        x = torch.empty(batch, config.seq_len, d_in, dtype=kind)
+        grad = torch.empty(batch, config.seq_len, d_out, dtype=kind)
+        linear_weight_norm2_triton(x, grad)
+        linear_weight_clipped_sum_triton(x, grad, torch.ones(batch))
+        # the store path's chunk under the GPU's 256 MiB workspace
+        chunk = max(1, 256 * 2**20 // (4 * d_in * d_out))
+        linear_weight_store_clip_triton(x, grad, torch.ones_like, chunk, with_bias=True)
+
+
 def _sgd_step(model: nn.Module, loss_fn, tokens, targets, lr: float = 1e-3) -> Callable[[], None]:
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
 

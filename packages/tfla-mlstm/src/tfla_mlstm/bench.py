@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -48,6 +49,45 @@ def make_inputs(B, NH, S, DQK, DV, dtype, device, seed=0) -> dict[str, torch.Ten
         "i": randn(B, NH, S),
         "f": randn(B, NH, S, shift=3.0),
     }
+
+
+ANCHOR_KERNELS = {
+    "mlstm": "chunkwise--triton_xl_chunk",
+    "mlstmsig": "chunkwise--triton_xl_chunk_siging",
+}
+
+
+def kernel_workload(
+    dtype: str = "bfloat16",
+    variant: str = "mlstm",
+    anchor: bool = False,
+    S: int = 512,
+    DQK: int = 128,
+    DV: int = 256,
+    chunk_size: int = 128,
+) -> None:
+    """One forward and backward pass of our TFLA kernels (or, with ``anchor``, of
+    ``mlstm-kernels``' ``triton_xl_chunk`` / ``_siging`` kernels) on CPU tensors, B = 1, NH = 2:
+    the workload ``kernels_common.compile_check`` compiles for a GPU without running it. The
+    tiles depend on the head dimensions, chunk size and dtype, not on B, NH or S."""
+    from tfla_mlstm.autograd import tfla_chunkwise
+    from tfla_mlstm.variant import MLSTM, mlstmsig
+
+    if variant not in ANCHOR_KERNELS:
+        raise ValueError(f"variant must be one of {sorted(ANCHOR_KERNELS)}, got {variant!r}")
+    inputs = make_inputs(1, 2, S, DQK, DV, getattr(torch, dtype), "cpu")
+    if anchor:
+        from mlstm_kernels.torch import get_mlstm_kernel
+
+        h = get_mlstm_kernel(ANCHOR_KERNELS[variant])(**inputs, chunk_size=chunk_size)
+    else:
+        chosen = MLSTM if variant == "mlstm" else mlstmsig(normalize=True)
+        m0 = -math.inf if chosen.stabilized else 0.0
+        state = (torch.zeros(1, 2, DQK, DV), torch.zeros(1, 2, DQK), torch.full((1, 2, 1), m0))
+        h, _ = tfla_chunkwise(
+            **inputs, state=state, variant=chosen, eps=1e-6, chunk_size=chunk_size
+        )
+    h.float().sum().backward()
 
 
 def sdpa(q, k, v, i, f):
