@@ -6,10 +6,11 @@ CPU tensors, so a workload can be traced on a machine with no GPU at the shapes 
 one: the launch wrappers choose their tiles exactly as they would there, and the glue between
 launches runs on uninitialised outputs (nothing that depends on kernel results is meaningful).
 
-Each compiled kernel is assembled again by ``ptxas -v`` (the one Triton carries) to read its
-registers and spills. :class:`KernelResources` holds those, the shared memory Triton allocates and
-the tensor-core instructions in the PTX: ``wgmma`` (Hopper's warpgroup MMA) and ``mma.sync`` (the
-warp-level MMA of earlier chips, which Hopper also runs, at a lower rate).
+Triton's own ``ptxas -v`` log of each kernel (its flags, so the numbers are those of the binary
+it builds) gives its registers and spills. :class:`KernelResources` holds those, the shared
+memory Triton allocates and the tensor-core instructions in the PTX: ``wgmma`` (Hopper's
+warpgroup MMA) and ``mma.sync`` (the warp-level MMA of earlier chips, which Hopper also runs, at
+a lower rate).
 
 Compiling needs Triton's compiler, not its interpreter: under ``TRITON_INTERPRET=1``
 (``@triton.jit`` then builds interpreted functions) use :func:`compile_workload`, which runs a
@@ -21,14 +22,15 @@ or uses tensor cores, which is what a kernel's speed on the chip starts from.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib
+import io
 import json
 import os
 import re
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -93,37 +95,20 @@ class KernelResources:
         return f"{self.name}[{shown}]" if shown else self.name
 
 
-def _ptxas_report(ptx: str) -> tuple[int, int, int]:
-    """Registers, spill stores and spill loads (bytes) of the PTX's entry function, from
-    ``ptxas -v`` for the PTX's own target."""
-    from triton import knobs
-
-    target = re.search(r"^\s*\.target\s+(\w+)", ptx, re.MULTILINE)
-    if target is None:
-        raise RuntimeError("the PTX names no .target")
-    with tempfile.TemporaryDirectory() as folder:
-        source = os.path.join(folder, "kernel.ptx")
-        with open(source, "w") as handle:
-            handle.write(ptx)
-        done = subprocess.run(
-            [knobs.nvidia.ptxas.path, f"-arch={target.group(1)}", "-v", source,
-             "-o", os.path.join(folder, "kernel.cubin")],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-    if done.returncode:
-        raise RuntimeError(f"ptxas failed:\n{done.stderr}")
-    # the entry function's block: its spill line, then its register line
-    entry = done.stderr.split("Compiling entry function", 1)[-1]
+def _ptxas_report(log: str) -> tuple[int, int, int]:
+    """Registers, spill stores and spill loads (bytes) of the entry function, from the ``ptxas -v``
+    log of Triton's own assembly of the kernel (its flags, so the numbers are the binary's)."""
+    entry = log.split("Compiling entry function", 1)[-1]
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", entry)
     registers = re.search(r"Used (\d+) registers", entry)
     if spills is None or registers is None:
-        raise RuntimeError(f"unexpected ptxas -v output:\n{done.stderr}")
+        raise RuntimeError(f"no ptxas -v report in Triton's compile log:\n{log}")
     return int(registers.group(1)), int(spills.group(1)), int(spills.group(2))
 
 
-def _resources(name: str, constants: dict[str, Any], kernel: Any) -> KernelResources:
+def _resources(name: str, constants: dict[str, Any], kernel: Any, log: str) -> KernelResources:
     ptx = kernel.asm["ptx"]
-    registers, stores, loads = _ptxas_report(ptx)
+    registers, stores, loads = _ptxas_report(log)
     return KernelResources(
         name=name,
         constants=constants,
@@ -178,6 +163,7 @@ def compile_only(arch: int = 90) -> Iterator[list[KernelResources]]:
             f"compile_only needs Triton's compiler; {INTERPRET_ENV_VAR} is set, so kernels are "
             "interpreted functions: use compile_workload, which runs in a process without it"
         )
+    from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
     from triton.runtime.autotuner import Autotuner
@@ -187,8 +173,19 @@ def compile_only(arch: int = 90) -> Iterator[list[KernelResources]]:
     seen: set[str] = set()
     jit_run, tune_run = JITFunction.run, Autotuner.run
 
+    # each function's in-memory kernels, set aside while the block compiles for the target (they
+    # may be for another device) and put back after it, so neither side sees the other's
+    set_aside: dict[int, tuple[Any, Any]] = {}
+
     def compile_launch(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
-        kernel = jit_run(self, *args, grid=grid, warmup=True, **kwargs)
+        if id(self) not in set_aside:
+            set_aside[id(self)] = (self, self.device_caches)
+            self.device_caches = collections.defaultdict(self.create_binder)
+        # Triton prints its ptxas -v log when asked; every launch is compiled afresh so each has
+        # one (a kernel already compiled in this block is reported once)
+        log = io.StringIO()
+        with contextlib.redirect_stdout(log):
+            kernel = jit_run(self, *args, grid=grid, warmup=True, **kwargs)
         if kernel.hash in seen:
             return
         seen.add(kernel.hash)
@@ -198,7 +195,7 @@ def compile_only(arch: int = 90) -> Iterator[list[KernelResources]]:
             for path, value in kernel.src.constants.items()
             if len(path) == 1
         }
-        found.append(_resources(self.fn.__name__, constants, kernel))
+        found.append(_resources(self.fn.__name__, constants, kernel, log.getvalue()))
 
     def compile_configs(self: Any, *args: Any, **kwargs: Any) -> None:
         for config in self.configs:
@@ -207,12 +204,17 @@ def compile_only(arch: int = 90) -> Iterator[list[KernelResources]]:
     # the driver in force, if any (reading ``driver.active`` would create one, and on a machine
     # without a GPU there is none to create)
     previous = driver._active
+    knobs_before = knobs.nvidia.dump_ptxas_log, knobs.compilation.always_compile
     driver.set_active(_CompileOnlyDriver(GPUTarget("cuda", arch, 32)))
+    knobs.nvidia.dump_ptxas_log, knobs.compilation.always_compile = True, True
     JITFunction.run, Autotuner.run = compile_launch, compile_configs
     try:
         yield found
     finally:
         JITFunction.run, Autotuner.run = jit_run, tune_run
+        for function, caches in set_aside.values():
+            function.device_caches = caches
+        knobs.nvidia.dump_ptxas_log, knobs.compilation.always_compile = knobs_before
         driver._active = previous
 
 
@@ -239,7 +241,8 @@ def compile_workload(spec: str, *, arch: int = 90, **kwargs: Any) -> list[Kernel
     done = subprocess.run(command, capture_output=True, text=True, env=environment, check=False)
     if done.returncode:
         raise RuntimeError(f"compiling {spec} failed:\n{done.stderr[-4000:]}")  # the traceback
-    return [KernelResources(**row) for row in json.loads(done.stdout)]
+    # the JSON is the last line: whatever the workload printed comes before it
+    return [KernelResources(**row) for row in json.loads(done.stdout.splitlines()[-1])]
 
 
 def run_workload(spec: str, *, arch: int = 90, **kwargs: Any) -> list[KernelResources]:

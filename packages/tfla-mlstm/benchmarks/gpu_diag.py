@@ -292,7 +292,8 @@ STATE_LAYOUTS = [
 
 # the backward's level-2 layouts (dq, dk+dv, normalizer; one layout for all), the default first:
 # 64-step blocks are the row count of Hopper's warpgroup MMA (the default's 32 fall back to
-# mma.sync), and these five compile for sm_90 without spilling (benchmarks/compile_sm90.py)
+# mma.sync), and the four others compile for sm_90 to wgmma without spilling (mLSTMsig;
+# benchmarks/compile_sm90.py)
 GRADIENT_LAYOUTS = [
     None,
     (64, 128, 128, 8, 1),

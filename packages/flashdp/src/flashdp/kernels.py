@@ -39,9 +39,9 @@ _CONFIGS = [
     triton.Config({"BLOCK_O": 128, "BLOCK_I": 128, "BLOCK_T": 32}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_O": 64, "BLOCK_I": 128, "BLOCK_T": 64}, num_warps=4, num_stages=4),
 ]
-# the clipped sum holds two fp32 tiles (one example's and the running sum): its widest tile takes
-# 8 warps, so both fit the register file (at 4 warps they need 2·64·128/128 = 256 registers per
-# thread and spill; ``test_compile_sm90.py``)
+# the clipped sum holds two fp32 tiles (one example's and the running sum): with the 64×128 tile,
+# 64-step loads and 4 stages at 4 warps it spilled registers at the LM head's shape (the tiles
+# alone take 2·64·128/128 = 128 registers per thread); at 8 warps it does not (test_compile_sm90)
 _CLIPPED_SUM_CONFIGS = [
     *_CONFIGS[:-1],
     triton.Config(_CONFIGS[-1].kwargs, num_warps=8, num_stages=4),
