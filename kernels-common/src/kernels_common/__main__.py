@@ -48,7 +48,7 @@ def _json_object(text: str) -> dict:
 def _compile(args: argparse.Namespace) -> int:
     from kernels_common.compile_check import resources_table, run_workload, to_json
 
-    kernels = run_workload(args.workload, arch=args.arch, **args.kwargs)
+    kernels = run_workload(args.workload, **args.kwargs)
     print(to_json(kernels) if args.json else resources_table(kernels))
     return 0
 
@@ -67,15 +67,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     backend.set_defaults(func=_backend)
     compile_ = commands.add_parser(
         "compile",
-        help="compile the Triton kernels a function launches for a CUDA target, without a GPU, "
-        "and print their registers, spills, shared memory and tensor-core use",
+        help="compile the Triton kernels a function launches for sm_90 (H100/H200) without a "
+        "GPU, and print their registers, spills, shared memory and tensor-core use",
     )
     compile_.add_argument("workload", help="package.module:function, called with --kwargs")
     compile_.add_argument(
         "--kwargs", type=_json_object, default={}, help="the function's arguments, a JSON object"
-    )
-    compile_.add_argument(
-        "--arch", type=int, default=90, help="compute capability ×10 (90: H100/H200)"
     )
     compile_.add_argument("--json", action="store_true", help="print JSON instead of a table")
     compile_.set_defaults(func=_compile)

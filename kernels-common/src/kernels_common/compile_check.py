@@ -1,7 +1,7 @@
-"""What a workload's Triton kernels would use on a GPU, found without one.
+"""What a workload's Triton kernels would use on an H100 / H200, found without a GPU.
 
-Inside :func:`compile_only`, every Triton kernel launch is compiled for a CUDA target (by default
-``sm_90``: the H100 and H200) with each of its autotune configs, and is not run. The inputs may be
+Inside :func:`compile_only`, every Triton kernel launch is compiled for ``sm_90`` (the H100 and
+H200) with each of its autotune configs, and is not run. The inputs may be
 CPU tensors, so a workload can be traced on a machine with no GPU at the shapes it will have on
 one: the launch wrappers choose their tiles exactly as they would there, and the glue between
 launches runs on uninitialised outputs (nothing that depends on kernel results is meaningful).
@@ -32,7 +32,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from kernels_common.backend import INTERPRET_ENV_VAR, interpreter_enabled
@@ -64,7 +64,6 @@ class KernelResources:
     wgmma: int
     mma: int
     arch: int = 90
-    shared_limit: int = field(default=SM90_SHARED_PER_BLOCK, repr=False)
 
     @property
     def tensor_cores(self) -> bool:
@@ -77,11 +76,11 @@ class KernelResources:
 
     @property
     def fits(self) -> bool:
-        """Whether one block fits a multiprocessor: its shared memory under the per-block limit
-        and its registers under the register file."""
+        """Whether one block fits an sm_90 multiprocessor: its shared memory under the per-block
+        limit and its registers under the register file."""
         threads = 32 * self.num_warps
         return (
-            self.shared_bytes <= self.shared_limit
+            self.shared_bytes <= SM90_SHARED_PER_BLOCK
             and self.registers * threads <= SM90_REGISTERS_PER_SM
         )
 
@@ -147,13 +146,13 @@ def _plain(value: Any) -> Any:
 
 
 @contextlib.contextmanager
-def compile_only(arch: int = 90) -> Iterator[list[KernelResources]]:
-    """Within the block, compile every Triton kernel launch for CUDA ``sm_<arch>`` with each of
-    its autotune configs, instead of running it; yield the list the distinct compiled kernels are
+def compile_only() -> Iterator[list[KernelResources]]:
+    """Within the block, compile every Triton kernel launch for CUDA ``sm_90`` with each of its
+    autotune configs, instead of running it; yield the list the distinct compiled kernels are
     appended to (in launch order).
 
-    Autotuners compile all their configs, pruning hooks included or not; ``triton.heuristics``
-    apply as they would at launch. Launches return ``None``.
+    Autotuners compile all their configs (``prune_configs_by`` and config pre-hooks are not
+    applied); ``triton.heuristics`` apply as they would at launch. Launches return ``None``.
 
     Raises:
         RuntimeError: the Triton interpreter is enabled (use :func:`compile_workload`).
@@ -205,7 +204,7 @@ def compile_only(arch: int = 90) -> Iterator[list[KernelResources]]:
     # without a GPU there is none to create)
     previous = driver._active
     knobs_before = knobs.nvidia.dump_ptxas_log, knobs.compilation.always_compile
-    driver.set_active(_CompileOnlyDriver(GPUTarget("cuda", arch, 32)))
+    driver.set_active(_CompileOnlyDriver(GPUTarget("cuda", 90, 32)))
     knobs.nvidia.dump_ptxas_log, knobs.compilation.always_compile = True, True
     JITFunction.run, Autotuner.run = compile_launch, compile_configs
     try:
@@ -225,7 +224,7 @@ def _split(spec: str) -> tuple[str, str]:
     return module, function
 
 
-def compile_workload(spec: str, *, arch: int = 90, **kwargs: Any) -> list[KernelResources]:
+def compile_workload(spec: str, **kwargs: Any) -> list[KernelResources]:
     """Call the function ``spec`` (``"package.module:function"``) with ``kwargs`` (JSON values)
     under :func:`compile_only`, in a fresh Python process without the Triton interpreter, and
     return its kernels.
@@ -236,7 +235,7 @@ def compile_workload(spec: str, *, arch: int = 90, **kwargs: Any) -> list[Kernel
     """
     _split(spec)
     environment = {k: v for k, v in os.environ.items() if k != INTERPRET_ENV_VAR}
-    command = [sys.executable, "-m", "kernels_common", "compile", spec, "--arch", str(arch),
+    command = [sys.executable, "-m", "kernels_common", "compile", spec,
                "--kwargs", json.dumps(kwargs), "--json", "--debug"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, env=environment, check=False)
     if done.returncode:
@@ -245,11 +244,11 @@ def compile_workload(spec: str, *, arch: int = 90, **kwargs: Any) -> list[Kernel
     return [KernelResources(**row) for row in json.loads(done.stdout.splitlines()[-1])]
 
 
-def run_workload(spec: str, *, arch: int = 90, **kwargs: Any) -> list[KernelResources]:
+def run_workload(spec: str, **kwargs: Any) -> list[KernelResources]:
     """:func:`compile_workload`'s work in this process (the interpreter must be off)."""
     module, name = _split(spec)
     function = getattr(importlib.import_module(module), name)
-    with compile_only(arch) as found:
+    with compile_only() as found:
         function(**kwargs)
     return found
 

@@ -60,7 +60,7 @@ def side_by_side() -> list[str]:
 
 def gradient_layouts() -> list[str]:
     choose = Tiles.choose.__func__
-    sections = ["### backward level-2 kernels per layout (mLSTMsig)", ""]
+    sections = ["### backward level-2 kernels per layout (mLSTM, as gpu_diag.py times)", ""]
     try:
         for layout in GRADIENT_LAYOUTS:
 
@@ -71,7 +71,7 @@ def gradient_layouts() -> list[str]:
 
             Tiles.choose = classmethod(chosen)
             with compile_only() as kernels:
-                bench.kernel_workload(variant="mlstmsig")
+                bench.kernel_workload(variant="mlstm")
             rows = [k for k in kernels if k.name in GRADIENT_KERNELS]
             sections += [f"layout {'default' if layout is None else layout}", "",
                          resources_table(rows, constants=TILES["ours"]), ""]  # fmt: skip

@@ -292,8 +292,8 @@ STATE_LAYOUTS = [
 
 # the backward's level-2 layouts (dq, dk+dv, normalizer; one layout for all), the default first:
 # 64-step blocks are the row count of Hopper's warpgroup MMA (the default's 32 fall back to
-# mma.sync), and the four others compile for sm_90 to wgmma without spilling (mLSTMsig;
-# benchmarks/compile_sm90.py)
+# mma.sync), and the four others compile for sm_90 to wgmma without spilling (the mLSTM timed
+# here, and the mLSTMsig; benchmarks/compile_sm90.py)
 GRADIENT_LAYOUTS = [
     None,
     (64, 128, 128, 8, 1),
@@ -304,13 +304,14 @@ GRADIENT_LAYOUTS = [
 
 
 def sweep(diag: Diagnosis, P: dict, table: dict, names, layouts) -> None:
-    """Each kernel of ``names`` under each layout, until the deadline is near."""
+    """Each layout for every kernel of ``names`` (a layout is timed on all of them before the
+    next starts), until the deadline is near."""
     calls = launches(P)
-    for name in names:
-        default = layout_of(P, name)
-        for layout in layouts:
+    for layout in layouts:
+        for name in names:
             if diag.left() < 15:
                 return
+            default = layout_of(P, name)
             tiles = default if layout is None else Tiles(*layout[:3], "tf32", *layout[3:])
             key = f"{name}/{'default' if layout is None else layout}"
             try:

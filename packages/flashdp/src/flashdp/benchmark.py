@@ -56,6 +56,7 @@ def kernel_workload(
         linear_weight_norm2_triton,
         linear_weight_store_clip_triton,
     )
+    from flashdp.plan import plan_linear
 
     if shape not in GPU_SHAPES:
         raise ValueError(f"shape must be one of {sorted(GPU_SHAPES)}, got {shape!r}")
@@ -74,8 +75,9 @@ def kernel_workload(
         grad = torch.empty(batch, config.seq_len, d_out, dtype=kind)
         linear_weight_norm2_triton(x, grad)
         linear_weight_clipped_sum_triton(x, grad, torch.ones(batch))
-        # the store path's chunk under the GPU's 256 MiB workspace
-        chunk = max(1, 256 * 2**20 // (4 * d_in * d_out))
+        # the store path's chunk as the plan makes it on CUDA (its default workspace)
+        chunk = plan_linear(batch, config.seq_len, d_in, d_out, clipping="per_layer",
+                            device="cuda", triton=True, method="store").chunk  # fmt: skip
         linear_weight_store_clip_triton(x, grad, torch.ones_like, chunk, with_bias=True)
 
 

@@ -40,7 +40,7 @@ _CONFIGS = [
     triton.Config({"BLOCK_O": 64, "BLOCK_I": 128, "BLOCK_T": 64}, num_warps=4, num_stages=4),
 ]
 # the clipped sum holds two fp32 tiles (one example's and the running sum): with the 64×128 tile,
-# 64-step loads and 4 stages at 4 warps it spilled registers at the LM head's shape (the tiles
+# 64-step loads and 4 stages at 4 warps it spilled registers at GPT-2's block layers (the tiles
 # alone take 2·64·128/128 = 128 registers per thread); at 8 warps it does not (test_compile_sm90)
 _CLIPPED_SUM_CONFIGS = [
     *_CONFIGS[:-1],

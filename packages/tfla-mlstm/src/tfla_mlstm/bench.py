@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -71,6 +70,7 @@ def kernel_workload(
     the workload ``kernels_common.compile_check`` compiles for a GPU without running it. The
     tiles depend on the head dimensions, chunk size and dtype, not on B, NH or S."""
     from tfla_mlstm.autograd import tfla_chunkwise
+    from tfla_mlstm.ops import _run
     from tfla_mlstm.variant import MLSTM, mlstmsig
 
     if variant not in ANCHOR_KERNELS:
@@ -80,13 +80,10 @@ def kernel_workload(
         from mlstm_kernels.torch import get_mlstm_kernel
 
         h = get_mlstm_kernel(ANCHOR_KERNELS[variant])(**inputs, chunk_size=chunk_size)
-    else:
+    else:  # the public ops' own path, with the Triton form whatever the tensors' device
         chosen = MLSTM if variant == "mlstm" else mlstmsig(normalize=True)
-        m0 = -math.inf if chosen.stabilized else 0.0
-        state = (torch.zeros(1, 2, DQK, DV), torch.zeros(1, 2, DQK), torch.full((1, 2, 1), m0))
-        h, _ = tfla_chunkwise(
-            **inputs, state=state, variant=chosen, eps=1e-6, chunk_size=chunk_size
-        )
+        h = _run(tfla_chunkwise, **inputs, initial_state=None, return_last_state=False,
+                 variant=chosen, eps=1e-6, chunk_size=chunk_size)  # fmt: skip
     h.float().sum().backward()
 
 
