@@ -39,6 +39,21 @@ def test_scores_average_over_runs():
     torch.testing.assert_close(two, (one + other) / 2)
 
 
+@pytest.mark.parametrize(("steps_bought", "score"), [(3.5, "loss"), (3.5, "grand"), (14.9, "loss")])
+def test_a_flop_budget_scores_like_the_steps_it_buys(steps_bought, score):
+    # a fifth of the whole steps bought, at least one: 3.5 steps' FLOPs score for 1 step (0.2 C
+    # in FLOPs would buy none), 14.9 for round(0.2 * 14) = 3 (not for 0.2 * 14.9 → 2)
+    from cads.budget import first_batch_flops
+
+    flops = first_batch_flops(TASK.model_fn(0), TASK.loss_fn, TASK.inputs, TASK.targets,
+                              torch.arange(len(TASK)), INNER.batch_size)  # fmt: skip
+    budget = cads.ComputeBudget(steps_bought * flops, "flops")
+    steps = cads.ComputeBudget(int(steps_bought))  # the whole steps the FLOPs buy
+    ours = score_examples(TASK, score, budget, INNER, score_models=1)
+    torch.testing.assert_close(ours, score_examples(TASK, score, steps, INNER, score_models=1))
+    assert len(run_baseline(TASK, score, budget, 10, INNER)) == 10
+
+
 def test_forgetting_counts_flips_and_marks_never_learned():
     scores = score_examples(TASK, "forgetting", cads.ComputeBudget(40), INNER)
     assert (scores >= 0).all()

@@ -2,7 +2,8 @@
 classic importance scores.
 
 Scores come from models trained on the whole pool for a fifth of the budget (the paper's cost
-accounting assumes 0.2 C for the early training these scores need):
+accounting assumes 0.2 C for the early training these scores need): a fifth of the steps the
+budget buys, rounded, and at least one, whether the budget is given in steps or in FLOPs:
 
 * ``loss``: each example's loss; the lowest are kept (the small-loss criterion against noise).
 * ``el2n``: ``‖softmax(f(x)) − onehot(y)‖₂`` averaged over ``score_models`` runs (Paul et al.,
@@ -49,10 +50,15 @@ KEEP_LOWEST = {"loss"}
 SCORE_SHARE = 0.2  # of the budget, for the early training the scores need
 
 
-def _score_budget(budget: ComputeBudget) -> ComputeBudget:
-    if budget.unit == "steps":
-        return ComputeBudget(max(1, round(SCORE_SHARE * budget.amount)))
-    return ComputeBudget(SCORE_SHARE * budget.amount, "flops")
+def _score_budget(task: SelectionTask, budget: ComputeBudget, inner: InnerConfig, seed: int):
+    """A fifth of the steps ``budget`` buys, at least one, as a step budget. A FLOP budget is
+    turned into steps first (one step's FLOPs counted on the pool's first batch, as the scoring
+    runs train on the whole pool), so that it gets the step a step budget would get."""
+    flops = None
+    if budget.unit == "flops":
+        flops = first_batch_flops(task.model_fn(seed), task.loss_fn, task.inputs, task.targets,
+                                  torch.arange(len(task)), inner.batch_size)  # fmt: skip
+    return ComputeBudget(max(1, round(SCORE_SHARE * budget.steps(flops))))
 
 
 def _device(model: torch.nn.Module) -> torch.device:
@@ -135,7 +141,7 @@ def score_examples(
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
     if score in ("el2n", "forgetting") and task.metric != "accuracy":
         raise ValueError(f"{score} scores need a classification task (targets (N,))")
-    early = _score_budget(budget)
+    early = _score_budget(task, budget, inner, seed)
     runs = []
     for run in range(score_models):
         if score == "forgetting":
