@@ -126,6 +126,7 @@ def test_truncated_gaussian_estimator_unbiased():
     ("call", "message"),
     [
         (lambda: score_function_gradient(torch.ones(1), torch.ones(1, 3)), "at least 2"),
+        (lambda: score_function_gradient(torch.ones(1), torch.ones(1, 3), "mean"), "zero"),
         (lambda: score_function_gradient(torch.ones(2), torch.ones(2, 3), "median"), "baseline"),
         (lambda: score_function_gradient(torch.tensor([1.0, math.nan]), torch.ones(2, 3)), "NaN"),
         (lambda: score_function_gradient(torch.ones(3), torch.ones(2, 3)), "one per draw"),

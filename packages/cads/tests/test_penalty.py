@@ -12,14 +12,17 @@ from cads import BernoulliMasks, LossSurrogate, SelectConfig, score_function_gra
 SURROGATE = LossSurrogate((8.0, 40.0, 96.0), (0.2, 0.6, 0.9))
 
 
-def test_one_outer_step_follows_the_papers_gradients():
+@pytest.mark.parametrize(("samples", "baseline"), [(3, "leave_one_out"), (1, "none")])
+def test_one_outer_step_follows_the_papers_gradients(samples, baseline):
     """One step of CADS-E, recomputed draw by draw: ∇_θ = 1/K Σ_k [∇L_val + 2α(L_k − l_k)∇L_k]
     (each term its own backward pass), ∇_s by the score function of L_val + α(L_k − l_k)²,
-    Adam's first step on each, s clipped to [eps, 1 − eps]."""
+    Adam's first step on each, s clipped to [eps, 1 − eps]. Without a baseline one draw is
+    enough (its estimate is unbiased), and s moves."""
     task = cads.toy_task(per_source=48, seed=2)
     config = SelectConfig(
         outer_steps=1,
-        samples=3,
+        samples=samples,
+        baseline=baseline,
         alpha=2.5,
         pool_batch=None,
         val_batch=None,
@@ -33,7 +36,7 @@ def test_one_outer_step_follows_the_papers_gradients():
 
     generator = torch.Generator().manual_seed(4)
     s = torch.full((len(task),), 0.5, dtype=torch.float64)
-    masks = BernoulliMasks().sample(s, 3, generator)
+    masks = BernoulliMasks().sample(s, samples, generator)
     model = task.model_fn(4)
     grads = [torch.zeros_like(p) for p in model.parameters()]
     values = []
@@ -47,10 +50,12 @@ def test_one_outer_step_follows_the_papers_gradients():
             for g, d in zip(
                 grads, torch.autograd.grad(term, list(model.parameters())), strict=True
             ):
-                g += weight * d / 3
+                g += weight * d / samples
     g_s = score_function_gradient(
-        torch.tensor(values, dtype=torch.float64), BernoulliMasks().score(masks, s)
+        torch.tensor(values, dtype=torch.float64), BernoulliMasks().score(masks, s), baseline
     )
+    if samples == 1:  # no baseline: f(m) ∇ log p(m | s), by hand
+        torch.testing.assert_close(g_s, values[0] * (masks[0] - s) / (s * (1 - s)))
     # Adam's first step moves each coordinate by lr · g / (|g| + 1e-8): the direction; the
     # gradient's size is in the trace (its norm before clipping)
     expected = (s - 0.05 * g_s / (g_s.abs() + 1e-8)).clamp(1e-3, 1 - 1e-3)
@@ -58,7 +63,9 @@ def test_one_outer_step_follows_the_papers_gradients():
     trace = selection.trace[0]
     # the losses are float32, summed in another order here: agreement to float32 rounding
     assert trace["grad_norm"] == pytest.approx(float(g_s.norm()), rel=1e-6)
-    assert trace["objective"] == pytest.approx(sum(values) / 3, rel=1e-6)
+    assert trace["objective"] == pytest.approx(sum(values) / samples, rel=1e-6)
+    assert trace["draws_used"] == samples
+    assert bool((selection.probabilities != 0.5).any())
     # the jointly trained model took Adam's first step along the by-hand gradient
     reference = task.model_fn(4)
     optimizer = torch.optim.Adam(reference.parameters(), lr=0.01)
@@ -148,6 +155,7 @@ def test_a_size_constraint_is_kept_exactly():
     ("kwargs", "message"),
     [
         ({"samples": 1}, "at least 2|samples >= 2"),
+        ({"samples": 1, "baseline": "mean"}, "mean baseline needs samples >= 2.*gradient on s"),
         ({"init": 1.0}, "init"),
         ({"alpha": 0.0}, "alpha"),
         ({"baseline": "median"}, "baseline"),

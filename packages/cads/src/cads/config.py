@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cads.estimator import BASELINES
+from cads.estimator import BASELINES, MIN_DRAWS
 from cads.surrogate import INTERPOLATIONS, PAPER_FRACTIONS
 
 __all__ = ["IHVP_METHODS", "SelectConfig"]
@@ -40,7 +40,8 @@ class SelectConfig:
 
     Attributes:
         outer_steps: updates of ``s``.
-        samples: ``K``, draws per outer step (``≥ 2`` for the leave-one-out baseline).
+        samples: ``K``, draws per outer step (``≥ 2`` for the leave-one-out and mean
+            baselines; one is enough without a baseline).
         lr: Adam's learning rate on ``s``.
         model_lr: Adam's learning rate on CADS's jointly trained model ``θ``.
         init: the starting value of every ``s_i`` (the paper's 0.5; with ``size`` the first
@@ -101,8 +102,13 @@ class SelectConfig:
             raise ValueError(f"eps must be in (0, 0.5), got {self.eps!r}")
         if self.baseline not in BASELINES:
             raise ValueError(f"baseline must be one of {BASELINES}, got {self.baseline!r}")
-        if self.baseline == "leave_one_out" and self.samples < 2:
+        if self.baseline == "leave_one_out" and self.samples < MIN_DRAWS[self.baseline]:
             raise ValueError("the leave-one-out baseline needs samples >= 2")
+        if self.baseline == "mean" and self.samples < MIN_DRAWS[self.baseline]:
+            raise ValueError(
+                "the mean baseline needs samples >= 2: with one draw it equals the draw's value "
+                "and the gradient on s is zero (baseline='none' works with one draw)"
+            )
         if self.clip_norm is not None:
             _positive("clip_norm", self.clip_norm)
         if self.size is not None:

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BASELINES", "score_function_gradient"]
+__all__ = ["BASELINES", "MIN_DRAWS", "score_function_gradient"]
 
 BASELINES = ("leave_one_out", "mean", "none")
+# the fewest draws each baseline can use: one draw has no other draws for a leave-one-out mean,
+# and is its own mean (a zero estimate); without a baseline one draw's estimate is unbiased
+MIN_DRAWS = {"leave_one_out": 2, "mean": 2, "none": 1}
 
 
 def score_function_gradient(
@@ -31,7 +34,8 @@ def score_function_gradient(
         values: ``(K,)`` the objective ``f(x_j)`` of each draw.
         scores: ``(K, n)`` the score functions ``∇_s log p(x_j | s)`` of the draws.
         baseline: ``"leave_one_out"`` (unbiased, needs ``K ≥ 2``), ``"mean"`` (the mean of all
-            ``K``, as the paper writes it) or ``"none"``.
+            ``K``, as the paper writes it; needs ``K ≥ 2``) or ``"none"`` (unbiased from one
+            draw on).
 
     Returns:
         ``(n,)``: ``1/K Σ_j (f(x_j) − b_j) ∇_s log p(x_j | s)``.
@@ -60,6 +64,11 @@ def score_function_gradient(
             raise ValueError("the leave-one-out baseline needs at least 2 draws (K >= 2)")
         values = values - (values.sum() - values) / (count - 1)
     elif baseline == "mean":
+        if count < 2:
+            raise ValueError(
+                "the mean baseline needs at least 2 draws (K >= 2): with one it equals the "
+                "draw's value and the estimate is zero"
+            )
         values = values - values.mean()
     elif baseline != "none":
         raise ValueError(f"baseline must be one of {BASELINES}, got {baseline!r}")

@@ -21,8 +21,9 @@ over one shared batch drawn with replacement, with the squared gap estimated wit
 the batch's two independent halves (:func:`squared_gaps`). Either way all ``K`` draws cost one
 forward and one backward pass together. A draw with no member in one of the halves (a small
 subset) gets its exact gap from all its members instead; only an empty draw is left out of both
-updates, and ``s`` is not updated in a step with fewer than two usable draws (``draws_used`` in
-the trace).
+updates, and ``s`` is not updated in a step with fewer usable draws than the baseline needs
+(two for the leave-one-out and mean baselines, one without: each draw's estimate of its
+objective is unbiased, so one draw gives an unbiased gradient; ``draws_used`` in the trace).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 from cads._util import plain, progress_disabled, random_batch
 from cads.budget import ComputeBudget, InnerConfig
 from cads.config import SelectConfig
-from cads.estimator import score_function_gradient
+from cads.estimator import MIN_DRAWS, score_function_gradient
 from cads.selection import Selection, indices_from_probabilities
 from cads.surrogate import LossSurrogate, fit_loss_surrogate
 from cads.task import SelectionTask
@@ -164,8 +165,8 @@ def run_cads(
         model_optimizer.step()
         values = objective.detach().double().cpu()
         keep = valid.cpu()
-        norm = None  # no update of s with fewer than two usable (non-empty) draws
-        if int(keep.sum()) >= 2:
+        norm = None  # no update of s with fewer usable (non-empty) draws than the baseline needs
+        if int(keep.sum()) >= MIN_DRAWS[config.baseline]:
             scores = units.distribution.score(draws[keep], s)
             norm = variable.step(score_function_gradient(values[keep], scores, config.baseline))
         trace.append(
