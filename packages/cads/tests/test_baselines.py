@@ -105,7 +105,7 @@ def test_bad_input(method, size, message):
 def test_classification_scores_refuse_a_language_task():
     tokens = torch.zeros(4, 3, dtype=torch.long)
     task = cads.SelectionTask(
-        inputs=tokens, targets=tokens, sources=torch.zeros(4), source_names=("a",),
+        inputs=tokens, targets=tokens, sources=tokens[:, 0], source_names=("a",),
         val_inputs=tokens, val_targets=tokens, test_inputs=tokens, test_targets=tokens,
         model_fn=cads.byte_lm, loss_fn=cads.token_loss, metric="loss",
     )  # fmt: skip

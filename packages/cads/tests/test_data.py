@@ -96,13 +96,39 @@ def test_bad_input(call, message):
         call()
 
 
+@pytest.mark.parametrize(
+    ("sources", "message"),
+    [
+        (torch.tensor([-1, 0, 0, 0, 1, 1, 1, 1]), r"in 0\.\.1 .*from -1 to 1"),
+        (torch.tensor([0, 0, 0, 0, 1, 1, 1, 2]), r"in 0\.\.1 .*from 0 to 2"),
+        (torch.tensor([0.9] * 4 + [1.6] * 4), "integer source ids, got dtype torch.float32"),
+        (torch.tensor([0.0] * 4 + [1.0] * 4), "integer source ids, got dtype torch.float32"),
+        (torch.tensor([False] * 4 + [True] * 4), "integer source ids, got dtype torch.bool"),
+    ],
+)
+def test_task_refuses_bad_source_ids(sources, message):
+    base = cads.toy_task(per_source=4)
+    with pytest.raises(ValueError, match=message):
+        cads.SelectionTask(
+            base.inputs,
+            base.targets,
+            sources,
+            base.source_names,
+            base.val_inputs,
+            base.val_targets,
+            base.test_inputs,
+            base.test_targets,
+            base.model_fn,
+        )
+
+
 def test_task_refuses_empty_sources_and_mismatches():
     base = cads.toy_task(per_source=4)
     with pytest.raises(ValueError, match=r"source\(s\) \['random-labels'\] hold no example"):
         cads.SelectionTask(
             base.inputs,
             base.targets,
-            torch.zeros(8),
+            torch.zeros(8, dtype=torch.long),
             base.source_names,
             base.val_inputs,
             base.val_targets,

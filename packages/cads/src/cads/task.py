@@ -37,7 +37,8 @@ class SelectionTask:
     Attributes:
         inputs: the training pool, ``(N, ...)``.
         targets: its targets, ``(N, ...)``.
-        sources: ``(N,)`` int64 source ids in ``0..len(source_names)-1``; every source non-empty.
+        sources: ``(N,)`` integer source ids in ``0..len(source_names)-1`` (stored as int64; float
+            or bool ids are refused, never truncated); every source non-empty.
         source_names: one name per source.
         val_inputs: the validation inputs (selection reads them).
         val_targets: their targets.
@@ -73,13 +74,19 @@ class SelectionTask:
                 raise ValueError(f"{name} split: {len(inputs)} inputs but {len(targets)} targets")
             if len(inputs) == 0:
                 raise ValueError(f"the {name} split is empty")
-        self.sources = torch.as_tensor(self.sources, dtype=torch.long)
-        if self.sources.shape != (n,):
+        sources = torch.as_tensor(self.sources)
+        if sources.dtype == torch.bool or sources.is_floating_point() or sources.is_complex():
+            raise ValueError(f"sources must be integer source ids, got dtype {sources.dtype}")
+        if sources.shape != (n,):
             raise ValueError(f"sources must be ({n},), one id per pool example")
         self.source_names = tuple(self.source_names)
+        if sources.min() < 0 or sources.max() >= len(self.source_names):
+            raise ValueError(
+                f"source ids must lie in 0..{len(self.source_names) - 1} (one per source name), "
+                f"got ids from {int(sources.min())} to {int(sources.max())}"
+            )
+        self.sources = sources.long()
         counts = self.source_sizes()
-        if self.sources.min() < 0 or self.sources.max() >= len(self.source_names):
-            raise ValueError(f"source ids must lie in 0..{len(self.source_names) - 1}")
         empty = [self.source_names[j] for j, c in enumerate(counts.tolist()) if c == 0]
         if empty:
             raise ValueError(f"source(s) {empty} hold no example")
