@@ -93,6 +93,25 @@ def test_evaluate_refuses_empty_or_foreign_selections():
         cads.evaluate_selection(task, torch.tensor([], dtype=torch.long), 5)
     with pytest.raises(ValueError, match=r"must lie in \[0, 48\)"):
         cads.evaluate_selection(task, torch.tensor([0, 48]), 5)
+    with pytest.raises(ValueError, match=r"must lie in \[0, 48\)"):
+        cads.evaluate_selection(task, torch.tensor([-1, 3]), 5)
+
+
+@pytest.mark.parametrize(
+    ("indices", "message"),
+    [
+        (torch.tensor([0.7, 3.9]), "must be integers, got dtype torch.float32"),
+        (torch.tensor([0.0, 3.0]), "must be integers, got dtype torch.float32"),
+        (torch.tensor([True, False]), "must be integers, got dtype torch.bool"),
+        (torch.tensor([[0, 1], [2, 3]]), r"must be a vector \(k,\), got \(2, 2\)"),
+        (torch.tensor([0, 0, 0, 0]), "must be distinct: 4 indices name 1 examples"),
+        ([5, 2, 5], "must be distinct: 3 indices name 2 examples"),
+    ],
+)
+def test_evaluate_refuses_float_or_repeated_indices(indices, message):
+    task, _ = small_selection()
+    with pytest.raises(ValueError, match=message):
+        cads.evaluate_selection(task, indices, 5)
 
 
 def test_selection_json_is_plain(tmp_path):

@@ -175,13 +175,26 @@ def evaluate_selection(
     seed: int = 0,
 ) -> dict[str, float]:
     """Train a fresh model (``model_fn(seed)``) on the selected examples for exactly ``budget``
-    and report its validation and test metrics: the one test-set measurement of a selection."""
+    and report its validation and test metrics: the one test-set measurement of a selection.
+
+    ``selection`` is a :class:`Selection` or a vector ``(k,)`` of distinct integer pool indices.
+    """
     budget = as_budget(budget)
     indices = selection.indices if isinstance(selection, Selection) else torch.as_tensor(selection)
     if indices.numel() == 0:
         raise ValueError("the selection is empty: there is nothing to train on")
+    if indices.dtype == torch.bool or indices.is_floating_point() or indices.is_complex():
+        raise ValueError(f"selection indices must be integers, got dtype {indices.dtype}")
+    if indices.dim() != 1:
+        raise ValueError(f"selection indices must be a vector (k,), got {tuple(indices.shape)}")
     if indices.min() < 0 or indices.max() >= len(task):
         raise ValueError(f"selection indices must lie in [0, {len(task)}) for this task")
+    if torch.unique(indices).numel() != indices.numel():
+        raise ValueError(
+            f"selection indices must be distinct: {indices.numel()} indices name "
+            f"{torch.unique(indices).numel()} examples"
+        )
+    indices = indices.long()
     model = task.model_fn(seed)
     flops_per_step = first_batch_flops(model, task.loss_fn, task.inputs, task.targets, indices,
                                        inner.batch_size)  # fmt: skip
