@@ -1,8 +1,10 @@
-"""Package-level checks: README example, lean import, the CLI end to end and its refusals, a
-tiny reproduce run."""
+"""Package-level checks: README and docstring examples, lean import, the CLI end to end and its
+refusals, a tiny reproduce run."""
 
 from __future__ import annotations
 
+import doctest
+import importlib
 import importlib.metadata
 import json
 from pathlib import Path
@@ -20,6 +22,13 @@ README = Path(__file__).parents[1] / "README.md"
 
 def test_readme_example_runs():
     run_markdown_python(README)
+
+
+@pytest.mark.parametrize("module", ["api", "bilevel", "budget", "estimator", "projection"])
+def test_docstring_examples_run(module):
+    result = doctest.testmod(importlib.import_module(f"cads.{module}"))
+    assert result.attempted > 0
+    assert result.failed == 0
 
 
 def test_import_is_lean():

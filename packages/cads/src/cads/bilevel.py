@@ -96,18 +96,22 @@ def implicit_hypergradient(
         method: ``"cg"`` or ``"neumann"``; ``damping``: ``λ``.
 
     Example:
+        ``L_in = ½ (θ − w)²`` has ``θ*(w) = w``, so ``d L_val(θ*(w)) / dw = 2 (w − 2)`` for
+        ``L_val = (θ − 2)²``: −3 at the inner optimum ``θ = w = 0.5`` (one conjugate-gradient
+        iteration is exact in one dimension).
+
         >>> import torch
-        >>> theta = torch.zeros(1, requires_grad=True)
-        ... w = torch.ones(1, requires_grad=True)
+        >>> theta = torch.tensor([0.5], requires_grad=True)
+        >>> w = torch.tensor([0.5], requires_grad=True)
         >>> g = implicit_hypergradient(
         ...     [theta],
-        ...     lambda: (w * (theta - 1) ** 2).sum(),
-        ...     lambda: (theta**2).sum(),
+        ...     lambda: 0.5 * ((theta - w) ** 2).sum(),
+        ...     lambda: ((theta - 2) ** 2).sum(),
         ...     w,
         ...     iterations=1,
         ... )
-        >>> float(g)  # θ*(w) = 1 for any w > 0: the validation loss does not move
-        0.0
+        >>> float(g)
+        -3.0
     """
     val_grad = torch.autograd.grad(val_loss(), params)
     inner_grad = torch.autograd.grad(inner_loss(), params, create_graph=True)
