@@ -95,6 +95,8 @@ def test_truncated_gaussian_against_scipy(sigma):
         )
         # sampler: Kolmogorov-Smirnov against scipy's CDF
         assert stats.kstest(r[:, j].numpy(), law.cdf).pvalue > 1e-4
+        # mean: scipy's, in closed form (not s_j: the truncation pulls it inwards)
+        assert float(dist.mean(s)[j]) == pytest.approx(law.mean(), rel=1e-10, abs=1e-12)
 
 
 def test_truncated_gaussian_score_is_the_derivative_of_log_prob():

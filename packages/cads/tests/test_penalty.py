@@ -151,6 +151,25 @@ def test_a_size_constraint_is_kept_exactly():
         assert row["expected_size"] == pytest.approx(20.0, abs=1e-9)
 
 
+def test_cads_s_size_constrains_the_selection_and_the_trace_gives_the_draws_size():
+    """At the source level the projection keeps Σ n_j s_j = size, the size of the selection
+    returned (round(s_j n_j) per source); the draws r_j ~ TN(s_j, σ, [0, 1]) hold
+    Σ n_j E[r_j] on average, scipy's truncated-normal mean, larger near s_j = 0."""
+    stats = pytest.importorskip("scipy.stats")
+    task = cads.toy_task(per_source=32)
+    config = SelectConfig(outer_steps=3, samples=2, size=10.0)
+    inner = cads.InnerConfig(batch_size=8)
+    selection = cads.select(task, 5, "cads-s", config=config, inner=inner, progress=False)
+    assert abs(len(selection) - 10) <= 1  # two sources, each count rounded
+    centre, sigma = 10 / 64, 0.1  # the first step's s (0.5 projected onto the size) and σ_0
+    law = stats.truncnorm(-centre / sigma, (1 - centre) / sigma, centre, sigma)
+    first = selection.trace[0]
+    assert first["expected_draw_size"] == pytest.approx(64 * law.mean(), rel=1e-10)
+    assert first["expected_draw_size"] > 10.5  # the gap the trace reports
+    for row in selection.trace:
+        assert row["expected_size"] == pytest.approx(10.0, abs=1e-9)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -209,6 +209,7 @@ def run_bilevel(
                 "objective": float(values.mean()),
                 "val_loss": float(values.mean()),
                 "expected_size": variable.expected_size(),
+                "expected_draw_size": units.expected_draw_size(s),  # of this step's draws
                 "grad_norm": norm,
             }
         )

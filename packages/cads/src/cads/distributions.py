@@ -59,6 +59,11 @@ class BernoulliMasks:
         """``log p(m | s)``, ``(K,)``."""
         return (masks * torch.log(s) + (1 - masks) * torch.log1p(-s)).sum(-1)
 
+    def mean(self, s: torch.Tensor) -> torch.Tensor:
+        """``E[m]``, ``(n,)``: ``s`` itself."""
+        _check_centres(s, low_open=False)
+        return s.clone()
+
 
 def _phi(z: torch.Tensor) -> torch.Tensor:
     return torch.exp(-0.5 * z * z) / _SQRT_2PI
@@ -83,6 +88,15 @@ class TruncatedGaussianRatios:
         quantile = (low + uniform * (high - low)).clamp(1e-300, 1 - 1e-16)
         ratios = (centre + self.sigma * torch.special.ndtri(quantile)).clamp(0.0, 1.0)
         return ratios.to(s.dtype).to(s.device)
+
+    def mean(self, s: torch.Tensor) -> torch.Tensor:
+        """``E[r]``, ``(n,)``: ``s + σ (φ(−s/σ) − φ((1 − s)/σ)) / Z``, which is not ``s``: the
+        truncation pulls it inwards, by ``σ φ(0) / Φ(0) ≈ 0.8 σ`` at ``s = 0`` or ``1``."""
+        _check_centres(s, low_open=False)
+        sigma = self.sigma
+        upper, lower = (1 - s) / sigma, -s / sigma
+        mass = torch.special.ndtr(upper) - torch.special.ndtr(lower)
+        return s + sigma * (_phi(lower) - _phi(upper)) / mass
 
     def log_prob(self, ratios: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         """``log p(r | s)``, ``(K,)``."""

@@ -177,6 +177,7 @@ def run_cads(
                 "penalty": float(penalty.detach()[valid].mean()) if keep.any() else 0.0,
                 "draws_used": int(keep.sum()),
                 "expected_size": variable.expected_size(),
+                "expected_draw_size": units.expected_draw_size(s),  # of this step's draws
                 "grad_norm": norm,
                 "sigma": getattr(units.distribution, "sigma", None),
             }

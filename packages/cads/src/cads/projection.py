@@ -1,13 +1,17 @@
 """Euclidean projection of selection probabilities onto the budget polytope.
 
 The feasible set is ``{s : Σ_i w_i s_i = k, a ≤ s_i ≤ b}`` (the box ``[a, b]`` defaults to
-``[0, 1]``): ``w = 1`` constrains the expected
-number of selected examples (CADS-E), ``w_g = |source g|`` the expected number of examples drawn
-from whole sources (CADS-S). Its projection is ``s_i = clip(v_i − λ w_i, a, b)`` for the one
-``λ`` that meets the constraint (KKT conditions of ``min ½‖s − v‖²``). ``Σ w_i s_i(λ)`` is
-continuous, piecewise linear and non-increasing in ``λ``, so bisection brackets it; the last
-step solves the linear piece that holds the root exactly, so the result meets the constraint to
-rounding, not to a bisection tolerance.
+``[0, 1]``): ``w = 1`` constrains the expected number of selected examples (CADS-E),
+``w_g = |source g|`` the number ``Σ_g |g| s_g`` that a CADS-S distribution's selection takes
+(``round(s_g |g|)`` examples of each source). CADS-S's draws during the search,
+``r_g ~ TN(s_g, σ, [0, 1])``, hold ``Σ_g |g| E[r_g]`` examples on average, which differs near 0
+and 1 (the truncation pulls the mean inwards; the trace reports it as ``expected_draw_size``).
+
+Its projection is ``s_i = clip(v_i − λ w_i, a, b)`` for the one ``λ`` that meets the
+constraint (KKT conditions of ``min ½‖s − v‖²``). ``Σ w_i s_i(λ)`` is continuous, piecewise
+linear and non-increasing in ``λ``, so bisection brackets it; the last step solves the linear
+piece that holds the root exactly, so the result meets the constraint to rounding, not to a
+bisection tolerance.
 """
 
 from __future__ import annotations

@@ -64,7 +64,9 @@ class Selection:
             ratios (source level); for a score baseline, its 0/1 choice.
         indices: ``(k,)`` int64 the chosen pool examples, sorted.
         budget: the compute budget selected for.
-        trace: one dict per outer step (objective, validation loss, expected size, ...).
+        trace: one dict per outer step (objective, validation loss, ``expected_size``:
+            ``Σ w s`` after the step, the size the projection constrains; for the sampling
+            methods ``expected_draw_size``: the expected examples of the step's draws, ...).
         settings: the configuration, JSON-serialisable.
         source_names: the task's sources, for reading ``probabilities`` at the source level.
         seconds: wall-clock of the selection (scoring or outer optimisation, surrogate included).

@@ -43,6 +43,13 @@ class Units:
         if self.level == "source":
             self.distribution.sigma *= config.sigma_decay
 
+    def expected_draw_size(self, s: torch.Tensor) -> float:
+        """The expected number of examples a draw at ``s`` holds: ``Σ_i s_i`` (CADS-E), or
+        ``Σ_j n_j E[r_j]`` (CADS-S, at the current ``σ``, before rounding each source's count),
+        which differs from ``Σ_j n_j s_j`` because the truncated Gaussian's mean is not ``s_j``.
+        """
+        return float((self.weights * self.distribution.mean(s)).sum())
+
     def example_masks(self, draws: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """``(K, N)`` bool example masks of ``K`` draws."""
         if self.level == "example":
