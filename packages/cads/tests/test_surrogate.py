@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cads import InnerConfig, LossSurrogate, fit_loss_surrogate, toy_task, train_under_budget
+from cads import (
+    InnerConfig,
+    LossSurrogate,
+    SelectionTask,
+    fit_loss_surrogate,
+    toy_task,
+    train_under_budget,
+)
+from cads.models import _seeded
 from cads.surrogate import natural_cubic_spline, surrogate_sizes
 from cads.task import per_example_losses
 
@@ -71,6 +79,39 @@ def test_fit_measures_budgeted_training_losses():
     assert fitted.sizes == (8.0, 40.0, 80.0)  # 10% of 80 is below one batch: raised to 8
     # a small subset is memorised within the budget, a large one is not
     assert fitted.losses[0] < fitted.losses[-1]
+
+
+def test_fit_measures_in_training_mode_as_cads_reads_the_loss():
+    """With dropout the surrogate's loss is the one CADS's penalty compares it with: the
+    training-mode loss (dropout on), recomputed here with the same seeds and random stream; the
+    evaluation-mode loss of the same model differs."""
+    base = toy_task(per_source=32)
+
+    def model_fn(seed):
+        return _seeded(seed, lambda: torch.nn.Sequential(
+            torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(64, 3)
+        ))  # fmt: skip
+
+    task = SelectionTask(base.inputs, base.targets, base.sources, base.source_names,
+                         base.val_inputs, base.val_targets, base.test_inputs, base.test_targets,
+                         model_fn)  # fmt: skip
+    inner = InnerConfig(batch_size=8, lr=0.01)
+    torch.manual_seed(7)  # dropout's random stream
+    fitted = fit_loss_surrogate(task, 20, inner, fractions=(0.2, 1.0), seed=1)
+    torch.manual_seed(7)
+    generator = torch.Generator().manual_seed(1)
+    for size, loss in zip(fitted.sizes, fitted.losses, strict=True):
+        subset = torch.randperm(len(task), generator=generator)[: int(size)]
+        model = model_fn(1)
+        train_under_budget(
+            model, task.inputs, task.targets, subset, 20, task.loss_fn, inner, generator=generator
+        )
+        with torch.no_grad():
+            training = task.loss_fn(model, task.inputs[subset], task.targets[subset]).mean()
+        assert loss == pytest.approx(float(training), rel=1e-6)
+        evaluation = per_example_losses(model, task.inputs[subset], task.targets[subset],
+                                        task.loss_fn).mean()  # fmt: skip
+        assert abs(loss - float(evaluation)) > 0.01
 
 
 @pytest.mark.parametrize(

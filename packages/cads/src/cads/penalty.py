@@ -15,7 +15,8 @@ Per outer step, with ``K`` draws,
 
 one Adam step on each. ``L_val(θ)`` is the same for every draw, so the baseline cancels it from
 ``∇_s``: the selection moves towards subsets whose current training loss matches what the budget
-can reach. ``L_trn(θ, m_k)`` is the mean loss of ``m_k``'s members in the pool: with
+can reach. ``L_trn(θ, m_k)`` is the mean loss of ``m_k``'s members in the pool, in training
+mode (as the surrogate measures ``l``, so that dropout or BatchNorm shift both alike): with
 ``pool_batch=None`` over the whole pool (exact, the paper's one pass per subset), otherwise
 over one shared batch drawn with replacement, with the squared gap estimated without bias from
 the batch's two independent halves (:func:`squared_gaps`). Either way all ``K`` draws cost one

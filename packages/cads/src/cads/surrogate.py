@@ -168,7 +168,9 @@ def fit_loss_surrogate(
     progress=None,
 ) -> LossSurrogate:
     """Measure ``l`` at each fraction's size: a fresh model trained for the whole ``budget`` on a
-    seeded random subset of the pool, its final mean loss on that subset."""
+    seeded random subset of the pool, its final mean loss on that subset, in training mode
+    (dropout active, BatchNorm on batch statistics), the mode in which CADS computes the
+    training loss ``L_trn(θ, m)`` that the penalty compares with ``l``."""
     from cads.budget import train_under_budget
     from cads.task import per_example_losses
 
@@ -188,7 +190,10 @@ def fit_loss_surrogate(
             inner,
             generator=generator,
         )
-        loss = per_example_losses(model, task.inputs[subset], task.targets[subset], task.loss_fn)
+        # in training mode, as CADS computes the L_trn(θ, m) this target is compared with
+        loss = per_example_losses(
+            model, task.inputs[subset], task.targets[subset], task.loss_fn, training=True
+        )
         losses.append(float(loss.mean()))
         if progress is not None:
             progress.update(1)

@@ -135,10 +135,14 @@ def per_example_losses(
     targets: torch.Tensor,
     loss_fn: Callable,
     batch_size: int = 1024,
+    *,
+    training: bool = False,
 ) -> torch.Tensor:
-    """``(N,)`` losses of every example, in evaluation mode (the model's mode is restored)."""
+    """``(N,)`` losses of every example, in evaluation mode, or in training mode with
+    ``training=True`` (dropout active, BatchNorm on each chunk's statistics, its running
+    statistics updated); the model's mode is restored."""
     was_training = model.training
-    model.eval()
+    model.train(training)
     device = next(model.parameters()).device
     parts = [
         loss_fn(
