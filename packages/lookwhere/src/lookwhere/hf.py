@@ -6,8 +6,9 @@ The folder holds ``config.json`` and ``model.safetensors`` (or a sharded
 safetensors are read: nothing is unpickled. transformers itself is not needed.
 
 The CLS position embedding is folded into the CLS token (as timm and the anchor do); position
-embeddings are resized with antialiasing, as transformers does, so a loaded ViT reproduces the
-HF model at any resolution.
+embeddings are resized as transformers resizes them for that model type
+(``Dinov2WithRegistersModel`` antialiases when shrinking, plain ``Dinov2Model`` does not), so a
+loaded ViT reproduces the HF model at any resolution.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ def config_from_hf(config: dict, image_size: int | None = None) -> ViTConfig:
         channels=config.get("num_channels", 3),
         layer_scale=config.get("layerscale_value", 1.0),
         eps=config.get("layer_norm_eps", 1e-6),
-        pos_antialias=True,
+        # transformers' Dinov2WithRegistersModel resizes with antialias=True, Dinov2Model without
+        pos_antialias=config.get("model_type") == "dinov2_with_registers",
     )
 
 
@@ -123,7 +125,9 @@ def load_dinov2(
     """A `ViT` holding the DINOv2-with-registers weights saved in `folder`.
 
     Args:
-        folder: A folder written by `Dinov2WithRegistersModel.save_pretrained`.
+        folder: A folder written by `Dinov2WithRegistersModel.save_pretrained` (or
+            `Dinov2Model.save_pretrained`: no registers, position embeddings resized without
+            antialiasing, as that model does).
         image_size: Resolution the position embeddings are resized to (default the checkpoint's).
         normalize: Fold DINOv2's ImageNet normalisation (mean 0.485 / 0.456 / 0.406, std
             0.229 / 0.224 / 0.225) into the patch embedding, so the ViT takes `[0, 1]` images
@@ -184,7 +188,7 @@ def load_dinov2(
     vit = ViT(config)
     if config.grid != native.grid:
         state["pos_embed"] = resize_pos_embed(
-            state["pos_embed"], (config.grid, config.grid), antialias=True
+            state["pos_embed"], (config.grid, config.grid), antialias=config.pos_antialias
         )
     vit.load_state_dict(state)
     return vit.eval()
