@@ -276,6 +276,22 @@ def test_extractor_refuses_bad_indices(indices, message):
         model.extractor(torch.rand(1, 3, 32, 32), torch.zeros(1, 5, 32), indices)
 
 
+@pytest.mark.parametrize(
+    ("valid", "message"),
+    [
+        ((torch.arange(6) < 3).float().expand(1, -1), "bool mask"),  # would be an additive bias
+        ((torch.arange(6) < 3).long().expand(1, -1), "bool mask"),
+        (torch.ones(1, 4, dtype=torch.bool), r"\(1, 6\) mask like indices, got \(1, 4\)"),
+    ],
+)
+def test_extractor_refuses_a_valid_mask_that_is_not_bool_like_indices(valid, message):
+    model = _model()
+    with pytest.raises(ValueError, match=message):
+        model.extractor(
+            torch.rand(1, 3, 32, 32), torch.zeros(1, 5, 32), torch.arange(6)[None], valid
+        )
+
+
 def test_extractor_refuses_a_prefix_of_another_batch():
     model = _model()
     with pytest.raises(ValueError, match="prefix must be"):

@@ -58,6 +58,15 @@ def check_indices(indices: torch.Tensor, batch: int, num_patches: int) -> None:
         raise ValueError(f"indices must be patch positions in [0, {num_patches})")
 
 
+def check_valid(valid: torch.Tensor, indices: torch.Tensor) -> None:
+    """A ValueError unless `valid` is a bool mask shaped as `indices (B, k)`, one flag a slot."""
+    if not isinstance(valid, torch.Tensor) or valid.shape != indices.shape:
+        shape = tuple(valid.shape) if isinstance(valid, torch.Tensor) else type(valid).__name__
+        raise ValueError(f"valid must be a {tuple(indices.shape)} mask like indices, got {shape}")
+    if valid.dtype != torch.bool:
+        raise ValueError(f"valid must be a bool mask (True = the slot counts), got {valid.dtype}")
+
+
 def gather_tokens(tokens: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     """`tokens (B, N, D)` at `indices (B, k)` -> `(B, k, D)`."""
     if indices.dim() != 2 or indices.shape[0] != tokens.shape[0]:
@@ -109,8 +118,7 @@ def idw_upsample(
         cell_rc.expand(batch, -1, -1), kept_rc, compute_mode="donot_use_mm_for_euclid_dist"
     )  # (B, G2, k)
     if valid is not None:
-        if valid.shape != indices.shape:
-            raise ValueError(f"valid must be {tuple(indices.shape)}, got {tuple(valid.shape)}")
+        check_valid(valid, indices)
         if not bool(valid.any(dim=1).all()):
             raise ValueError("every image needs at least one valid kept token")
         dist = dist.masked_fill(~valid[:, None, :], math.inf)  # weight 1 / inf = 0
@@ -230,6 +238,7 @@ class Extractor(nn.Module):
         tokens = torch.cat([prefix, tokens], dim=1)
         mask = None
         if valid is not None:
+            check_valid(valid, indices)
             mask = torch.cat([valid.new_ones(valid.shape[0], prefix.shape[1]), valid], dim=1)
         return self.vit.run_blocks(tokens, prefix.shape[1], key_mask=mask)
 
