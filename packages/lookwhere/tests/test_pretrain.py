@@ -96,6 +96,22 @@ def test_a_teacher_without_attention_is_refused():
         teacher_outputs(no_attention, torch.rand(1, 3, 16, 16))
 
 
+def test_a_teacher_cls_that_is_not_b_by_d_is_refused():
+    # (B, 1, D), e.g. last_hidden_state[:, :1], would broadcast against the student's (B, D)
+    def sliced(images):
+        return SimpleNamespace(
+            cls=torch.zeros(2, 1, 16), patches=torch.zeros(2, 16, 16), attention=torch.zeros(2, 16)
+        )
+
+    with pytest.raises(ValueError, match=r"cls is \(2, 1, 16\); expected \(B, D\) = \(2, 16\)"):
+        teacher_outputs(sliced, torch.rand(2, 3, 16, 16))
+    teacher = SimpleNamespace(
+        cls=torch.zeros(2, 1, 3), patches=torch.zeros(2, 4, 3), attention=torch.zeros(2, 4)
+    )
+    with pytest.raises(ValueError, match="no broadcasting"):
+        distillation_loss(torch.zeros(2, 3), torch.zeros(2, 4, 3), torch.zeros(2, 4), teacher)
+
+
 def test_pretraining_step_uses_the_teacher_and_a_per_step_k():
     teacher = _teacher()
     model = lookwhere_from_teacher(teacher, selector_depth=1, selector_size=8, k=4)

@@ -59,6 +59,16 @@ def teacher_outputs(teacher: ViT | Teacher, images: torch.Tensor) -> TeacherOutp
                 f"the teacher gave no {name!r}: LookWhere distils the teacher's CLS, patch "
                 "features and attention map (return an object with cls, patches and attention)"
             )
+    if out.patches.dim() != 3:
+        raise ValueError(
+            f"the teacher's patches are {tuple(out.patches.shape)}; expected (B, N, D)"
+        )
+    batch, _, dim = out.patches.shape
+    if out.cls.shape != (batch, dim):
+        raise ValueError(
+            f"the teacher's cls is {tuple(out.cls.shape)}; expected (B, D) = {(batch, dim)}, "
+            "as its patches (a (B, 1, D) slice such as last_hidden_state[:, :1] needs [:, 0])"
+        )
     if out.attention.shape != out.patches.shape[:2]:
         raise ValueError(
             f"the teacher's attention map is {tuple(out.attention.shape)}; expected one logit per "
@@ -107,6 +117,11 @@ def distillation_loss(
         raise ValueError(
             f"student patches {tuple(student_patches.shape)} vs teacher patches "
             f"{tuple(teacher.patches.shape)}: the extractor and teacher grids must match"
+        )
+    if student_cls.shape != teacher.cls.shape or student_cls.dim() != 2:
+        raise ValueError(
+            f"student cls {tuple(student_cls.shape)} vs teacher cls {tuple(teacher.cls.shape)}: "
+            "both must be (B, D), the same shape (no broadcasting)"
         )
     cls = (student_cls - teacher.cls).pow(2).mean(dim=-1).mean()
     patch = (student_patches - teacher.patches).pow(2).mean(dim=(-1, -2)).mean()
