@@ -111,6 +111,24 @@ def test_idw_refuses_an_image_without_visible_tokens():
         idw_upsample(torch.randn(2, 2, 3), torch.tensor([[0, 1], [2, 3]]), 4, valid=valid)
 
 
+@pytest.mark.parametrize(
+    ("values", "indices", "neighbours", "message"),
+    [
+        (torch.randn(1, 6, 2), torch.tensor([[0, 5, 10]]), 5, r"one token per index \(1, 3\)"),
+        (torch.randn(1, 2, 2), torch.tensor([[0, 5, 10]]), 5, r"one token per index \(1, 3\)"),
+        (torch.randn(1, 3, 2), torch.tensor([[0, 99, 5]]), 5, r"\[0, 16\)"),
+        (torch.randn(1, 3, 2), torch.tensor([[0, -7, 5]]), 5, r"\[0, 16\)"),
+        (torch.randn(1, 3, 2), torch.tensor([[0.0, 5.0, 10.0]]), 5, "int64"),
+        (torch.randn(1, 3, 2), torch.tensor([[0, 5, 10]]), 0, "neighbours must be an int >= 1"),
+        (torch.randn(1, 3, 2), torch.tensor([[0, 5, 10]]), -2, "neighbours must be an int >= 1"),
+        (torch.randn(3, 2), torch.tensor([[0, 5, 10]]), 5, r"\(B, k, D\)"),
+    ],
+)
+def test_idw_refuses_bad_values_indices_and_neighbours(values, indices, neighbours, message):
+    with pytest.raises(ValueError, match=message):
+        idw_upsample(values, indices, 4, neighbours=neighbours)
+
+
 def test_hidden_slots_are_the_same_as_running_on_fewer_tokens():
     model = _model()
     images = torch.rand(2, 3, 32, 32)

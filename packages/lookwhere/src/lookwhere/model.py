@@ -100,12 +100,24 @@ def idw_upsample(
         values: Kept tokens `(B, k, D)`.
         indices: Their row-major grid positions `(B, k)`.
         grid: Patches per side of the full grid.
-        neighbours: Nearest kept tokens each cell averages (5 in the paper).
+        neighbours: Nearest kept tokens each cell averages, >= 1 (5 in the paper).
         valid: Optional mask of the kept slots that count.
 
     Returns:
         The filled grid, `(B, grid * grid, D)`, row-major.
     """
+    if not isinstance(values, torch.Tensor) or values.dim() != 3:
+        shape = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
+        raise ValueError(f"values must be a (B, k, D) tensor, got {shape}")
+    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
+        raise ValueError(f"grid must be a positive int (patches per side), got {grid!r}")
+    check_indices(indices, values.shape[0], grid * grid)
+    if values.shape[:2] != indices.shape:
+        raise ValueError(
+            f"values {tuple(values.shape)} must hold one token per index {tuple(indices.shape)}"
+        )
+    if isinstance(neighbours, bool) or not isinstance(neighbours, int) or neighbours < 1:
+        raise ValueError(f"neighbours must be an int >= 1, got {neighbours!r}")
     batch, kept = indices.shape
     neighbours = min(neighbours, kept)
     # integer coordinates, distances in float64 / float32 without the |a|^2 + |b|^2 - 2ab
