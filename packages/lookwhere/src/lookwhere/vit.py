@@ -331,7 +331,13 @@ def vit_at_resolution(vit: ViT, image_size: int, depth: int | None = None) -> Vi
 
 
 def downsample(images: torch.Tensor, size: int) -> torch.Tensor:
-    """Bilinear resize to `size x size`, antialiased when shrinking (as `jax.image.resize`)."""
-    return F.interpolate(
-        images, size=(size, size), mode="bilinear", align_corners=False, antialias=True
+    """Bilinear resize to `size x size`, antialiased when shrinking (as `jax.image.resize`).
+
+    16-bit inputs are resized in float32 and cast back (the antialiased kernel has no bf16 CPU
+    implementation, and float32 weights are the more exact anyway); float64 stays float64.
+    """
+    work = images if images.dtype == torch.float64 else images.float()
+    out = F.interpolate(
+        work, size=(size, size), mode="bilinear", align_corners=False, antialias=True
     )
+    return out.to(images.dtype)
