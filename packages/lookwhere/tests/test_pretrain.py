@@ -210,3 +210,32 @@ def test_finetuning_trains_the_extractor_and_head_not_the_selector():
     for key, value in model.extractor.state_dict().items():
         assert torch.equal(extractor[key], value) == (key in unused), key
     assert not torch.equal(head, model.head.weight)
+
+
+def test_finetuning_leaves_the_selector_trainable_for_a_later_pretraining():
+    from lookwhere.experiment import MethodSettings, finetune_lookwhere
+
+    teacher = _teacher()
+    model = lookwhere_from_teacher(teacher, selector_depth=1, selector_size=8, num_classes=3, k=4)
+    model.selector.head.fc2.bias.requires_grad_(False)  # the caller's own choice stays
+    flags = {name: p.requires_grad for name, p in model.selector.named_parameters()}
+    settings = MethodSettings(finetune=TrainConfig(steps=2, batch_size=4), k_range=(2, 6))
+    finetune_lookwhere(model, _Labelled(), settings)
+    assert {name: p.requires_grad for name, p in model.selector.named_parameters()} == flags
+    before = {k: v.clone() for k, v in model.selector.state_dict().items()}
+    pretrain(model, teacher, _Labelled(), TrainConfig(steps=2, batch_size=4), k_range=(2, 6))
+    after = model.selector.state_dict()
+    assert not torch.equal(before["head.fc1.weight"], after["head.fc1.weight"])
+    assert torch.equal(before["head.fc2.bias"], after["head.fc2.bias"])
+
+
+def test_finetuning_restores_the_selector_when_training_fails():
+    from lookwhere.experiment import MethodSettings, finetune_lookwhere
+
+    model = lookwhere_from_teacher(
+        _teacher(), selector_depth=1, selector_size=8, num_classes=3, k=4
+    )
+    settings = MethodSettings(finetune=TrainConfig(steps=2, batch_size=64), k_range=(2, 6))
+    with pytest.raises(ValueError, match="batch_size 64 exceeds"):
+        finetune_lookwhere(model, _Labelled(), settings)
+    assert all(p.requires_grad for p in model.selector.parameters())

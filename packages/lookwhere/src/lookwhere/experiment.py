@@ -111,7 +111,9 @@ def finetune_lookwhere(
     model: LookWhere, task: ImageTask, settings: MethodSettings, progress: bool = False
 ) -> None:
     """Supervised fine-tuning of the extractor and head, the selector frozen, `k` drawn per step
-    from `settings.k_range`."""
+    from `settings.k_range`. The selector's `requires_grad` flags are restored afterwards (a
+    later `pretrain` trains it again)."""
+    trainable = {param: param.requires_grad for param in model.selector.parameters()}
     model.selector.requires_grad_(False)
     low, high = settings.k_range
 
@@ -119,14 +121,18 @@ def finetune_lookwhere(
         return model(images, k=uniform_k(low, high, generator)).logits
 
     params = [*model.extractor.parameters(), *model.head.parameters()]
-    train_classifier(
-        model,
-        task,
-        settings.finetune,
-        forward=forward,
-        params=params,
-        progress="finetune lookwhere" if progress else None,
-    )
+    try:
+        train_classifier(
+            model,
+            task,
+            settings.finetune,
+            forward=forward,
+            params=params,
+            progress="finetune lookwhere" if progress else None,
+        )
+    finally:
+        for param, flag in trainable.items():
+            param.requires_grad_(flag)
     model.selector.eval()
 
 
