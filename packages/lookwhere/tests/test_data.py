@@ -39,16 +39,19 @@ def test_the_target_is_inside_its_box(photos):
         assert cols.max() < left + width
 
 
-def test_target_patches_cover_the_box():
-    task = sparse_canvases("train", 5, size=64, seed=0)
-    patches = task.target_patches(8).reshape(5, 8, 8)
-    for mask, (top, left, height, width) in zip(patches, task.boxes.tolist(), strict=True):
-        rows = torch.nonzero(mask.any(1)).flatten()
-        cols = torch.nonzero(mask.any(0)).flatten()
-        assert rows.min() * 8 <= top < (rows.min() + 1) * 8
-        assert (rows.max() + 1) * 8 >= top + height > rows.max() * 8
-        assert cols.min() * 8 <= left
-        assert (cols.max() + 1) * 8 >= left + width
+@pytest.mark.parametrize("patch_size", [4, 8, 16])
+def test_target_patches_are_the_cells_the_box_overlaps(patch_size):
+    """Brute force: a cell is a target patch iff one of its pixels lies inside the box."""
+    task = sparse_canvases("train", 12, size=64, seed=0)
+    grid = 64 // patch_size
+    ours = task.target_patches(patch_size)
+    assert ours.shape == (12, grid * grid)
+    for mask, (top, left, height, width) in zip(ours, task.boxes.tolist(), strict=True):
+        pixels = torch.zeros(64, 64, dtype=torch.bool)
+        pixels[top : top + height, left : left + width] = True
+        cells = pixels.reshape(grid, patch_size, grid, patch_size).any(dim=3).any(dim=1)
+        assert torch.equal(mask, cells.flatten())
+        assert 0 < int(mask.sum()) < grid * grid  # a box, not the whole canvas
 
 
 def test_labels_are_the_objects_classes_and_splits_use_disjoint_photos(photos):
