@@ -13,7 +13,7 @@ from lookwhere.baselines import DenseClassifier, EViTClassifier, ToMeClassifier,
 from lookwhere.data import ImageTask
 from lookwhere.evaluate import OperatingPoint
 from lookwhere.experiment import MethodSettings, evit_tokens, run_task
-from lookwhere.reproduce import _cheapest_equal, _claims, dominance_gap
+from lookwhere.reproduce import FULL, QUICK, _cheapest_equal, _claims, _summary, dominance_gap
 from lookwhere.train import TrainConfig
 from lookwhere.vit import ViTConfig
 
@@ -115,3 +115,18 @@ def test_claims_fail_when_no_lookwhere_point_matches_dense():
     assert claims["sparse: no cheaper baseline is more accurate"].measured == pytest.approx(-10)
     assert claims["global: best accuracy vs dense"].passed  # -1 point: matches
     assert claims["global: time saved at equal accuracy"].measured == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(("settings", "expect"), [(QUICK, "1.5"), (FULL, "1.1")])
+def test_summary_states_the_standard_error_of_its_own_run(settings, expect):
+    """100 sqrt(p (1 - p) / n) at the dense ViT's 62.2%: 1.53 points over 1,000 test images,
+    1.08 over 2,000 (by hand)."""
+    from types import SimpleNamespace
+
+    points = [
+        OperatingPoint("dense", "all", 0.622, 0.1, 1.0, 144),
+        OperatingPoint("lookwhere", "k=24", 0.62, 0.03, 0.4, 24),
+    ]
+    timings = {"teachers_s": 1, "sparse_s": 1, "global_s": 1}
+    summary = _summary({"sparse": SimpleNamespace(points=points)}, settings, timings)
+    assert f"{settings.test_images} test images: a standard error of {expect} points" in summary

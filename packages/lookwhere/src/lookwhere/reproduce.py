@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -310,6 +311,12 @@ def _rectangle(x: float, y: float, side: float, color: str = "red"):
     return Rectangle((x - 0.5, y - 0.5), side, side, fill=False, edgecolor=color, linewidth=0.8)
 
 
+def standard_error_points(accuracy: float, count: int) -> float:
+    """The binomial standard error of an accuracy measured on `count` images, in points:
+    `100 sqrt(p (1 - p) / n)`."""
+    return 100 * math.sqrt(accuracy * (1 - accuracy) / count)
+
+
 def _summary(results: dict[str, TaskResult], settings: ReproduceSettings, timings: dict) -> str:
     sparse = results["sparse"].points
     dense = _dense(sparse)
@@ -327,8 +334,9 @@ def _summary(results: dict[str, TaskResult], settings: ReproduceSettings, timing
         f"{settings.sparse.selector_depth} teacher blocks at {settings.sparse.selector_size}px. "
         f"Sparse: the dense ViT {100 * dense.accuracy:.1f}% at {dense.gflops:.3f} GFLOPs; "
         f"LookWhere's best {100 * best.accuracy:.1f}% ({best.setting}, {best.gflops:.3f} GFLOPs). "
-        f"One seed ({settings.test_images} test images: a standard error of about 1.5 points "
-        f"on accuracy); times are medians at batch {settings.sparse.time_batch}. Teachers "
+        f"One seed ({settings.test_images} test images: a standard error of "
+        f"{standard_error_points(dense.accuracy, settings.test_images):.1f} points at the dense "
+        f"ViT's accuracy); times are medians at batch {settings.sparse.time_batch}. Teachers "
         f"{timings['teachers_s']:.0f} s, sparse methods {timings['sparse_s']:.0f} s, global "
         f"{timings['global_s']:.0f} s."
     )
