@@ -77,9 +77,10 @@ def test_cli_pretrain_finetune_evaluate(tmp_path, capsys):
     pre, fine = tmp_path / "pre", tmp_path / "fine"
     common = [*TINY, "--task", "sparse", "--distractors", "1"]
     assert main(["pretrain", *common, "--out", str(pre), "--teacher-steps", "2", "--steps", "2",
-                 "--dim", "16", "--heads", "2", "--depth", "2", "--selector-depth", "1",
+                 "--dim", "16", "--heads", "2", "--depth", "2",
                  "--selector-size", "24", "--k-range", "2,8"]) == 0  # fmt: skip
     report = json.loads(capsys.readouterr().out)
+    assert checkpoint.load(pre)[0].selector.vit.config.depth == 1  # the default without --hf
     assert set(report["last_loss"]) == {"cls", "patch", "map", "total"}
     assert (pre / "teacher" / "lookwhere.json").is_file()
     assert main(["finetune", *common, "--checkpoint", str(pre), "--out", str(fine),
@@ -167,7 +168,10 @@ def test_cli_refuses_a_size_the_patches_do_not_divide_before_any_work(tmp_path, 
 
 def test_cli_refuses_a_dinov2_folder_at_the_default_sizes(tmp_path, capsys):
     (tmp_path / "dino").mkdir()
-    config = {"model_type": "dinov2_with_registers", "patch_size": 14, "hidden_size": 32}
+    config = {
+        "model_type": "dinov2_with_registers", "patch_size": 14, "hidden_size": 32,
+        "num_hidden_layers": 12,
+    }  # fmt: skip
     (tmp_path / "dino" / "config.json").write_text(json.dumps(config))
     argv = ["pretrain", "--hf", str(tmp_path / "dino"), "--out", str(tmp_path / "o")]
     assert_refused(main, argv, capsys, "lookwhere", "--size 96", "14-pixel patches")
@@ -176,3 +180,62 @@ def test_cli_refuses_a_dinov2_folder_at_the_default_sizes(tmp_path, capsys):
 def test_cli_refuses_a_k_range_beyond_the_grid(tmp_path, capsys):
     argv = ["pretrain", "--size", "32", "--k-range", "4,20", "--out", str(tmp_path / "o")]
     assert_refused(main, argv, capsys, "lookwhere", "16 patches")
+
+
+def _no_work(monkeypatch):
+    import lookwhere.__main__ as cli_module
+
+    def fail(*args, **kwargs):
+        raise AssertionError("data was generated before the arguments were checked")
+
+    monkeypatch.setattr(cli_module, "_task", fail)
+
+
+def test_cli_refuses_a_selector_deeper_than_the_teacher_before_any_work(
+    tmp_path, capsys, monkeypatch
+):
+    _no_work(monkeypatch)
+    argv = ["pretrain", "--size", "48", "--depth", "2", "--selector-depth", "3",
+            "--out", str(tmp_path / "o")]  # fmt: skip
+    assert_refused(main, argv, capsys, "lookwhere", "--selector-depth 3 must be in [1, 2]")
+    dense = DenseClassifier(
+        ViT(ViTConfig(dim=16, depth=2, heads=2, patch_size=8, image_size=48)), 10
+    )
+    checkpoint.save(dense, tmp_path / "t")
+    argv = ["pretrain", "--size", "48", "--teacher", str(tmp_path / "t"), "--selector-depth", "4",
+            "--out", str(tmp_path / "o")]  # fmt: skip
+    assert_refused(main, argv, capsys, "lookwhere", "--selector-depth 4 must be in [1, 2]")
+
+
+def test_cli_selector_depth_defaults_to_the_papers_3_with_hf(tmp_path, capsys, monkeypatch):
+    _no_work(monkeypatch)
+    (tmp_path / "dino").mkdir()
+    config = {"model_type": "dinov2", "patch_size": 14, "num_hidden_layers": 2}
+    (tmp_path / "dino" / "config.json").write_text(json.dumps(config))
+    argv = ["pretrain", "--hf", str(tmp_path / "dino"), "--size", "98", "--k-range", "2,8",
+            "--out", str(tmp_path / "o")]  # fmt: skip
+    assert_refused(main, argv, capsys, "lookwhere", "--selector-depth 3 must be in [1, 2]")
+
+
+def _saved_lookwhere(folder: Path, extra: dict | None = None) -> Path:
+    torch.manual_seed(0)
+    teacher = ViT(ViTConfig(dim=16, depth=2, heads=2, patch_size=8, image_size=48))
+    model = lookwhere_from_teacher(teacher, selector_depth=1, selector_size=24, num_classes=10, k=8)
+    return checkpoint.save(model, folder, extra=extra)
+
+
+def test_cli_evaluate_refuses_a_k_beyond_the_grid_before_any_work(tmp_path, capsys, monkeypatch):
+    _no_work(monkeypatch)
+    folder = _saved_lookwhere(tmp_path / "lw", {"size": 48})
+    argv = ["evaluate", "--checkpoint", str(folder), "--k", "4,1000"]
+    assert_refused(main, argv, capsys, "lookwhere", "--k 1000 must be in [1, 36]")
+    argv = ["evaluate", "--checkpoint", str(folder), "--size", "96"]
+    assert_refused(main, argv, capsys, "lookwhere", "--size 96", "takes 48px images")
+
+
+@pytest.mark.parametrize("extra", [{"size": 48}, None])
+def test_cli_evaluate_defaults_the_size_to_the_checkpoints(tmp_path, capsys, extra):
+    folder = _saved_lookwhere(tmp_path / "lw", extra)
+    assert main(["evaluate", "--checkpoint", str(folder), "--test-images", "8", "--k", "4"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["setting"] for r in rows] == ["k=4"]

@@ -49,8 +49,9 @@ def _saved_teacher(path):
     return model
 
 
-def _check_geometry(args: argparse.Namespace, patch: int, hf: bool) -> int:
-    """Refuse sizes the teacher's patches do not divide, before any work; the selector's size."""
+def _check_geometry(args: argparse.Namespace, patch: int, depth: int, hf: bool) -> tuple[int, int]:
+    """Refuse sizes the teacher's patches do not divide and a selector deeper than the teacher,
+    before any work; the selector's size and depth."""
     if args.size % patch:
         raise cli.CommandError(
             f"--size {args.size} is not a multiple of the teacher's {patch}-pixel patches"
@@ -70,7 +71,14 @@ def _check_geometry(args: argparse.Namespace, patch: int, hf: bool) -> int:
             f"--k-range {args.k_range[0]},{args.k_range[1]} exceeds the {patches} patches of a "
             f"{args.size}px image"
         )
-    return selector_size
+    selector_depth = args.selector_depth
+    if selector_depth is None:  # the paper's 3 of DINOv2's blocks; 1 of a small teacher's
+        selector_depth = 3 if hf else 1
+    if not 1 <= selector_depth <= depth:
+        raise cli.CommandError(
+            f"--selector-depth {selector_depth} must be in [1, {depth}], the teacher's blocks"
+        )
+    return selector_size, selector_depth
 
 
 def _pretrain(args: argparse.Namespace) -> int:
@@ -82,19 +90,19 @@ def _pretrain(args: argparse.Namespace) -> int:
         raise cli.CommandError("give --teacher or --hf, not both")
     dense = None
     if args.hf is not None:
-        from lookwhere.hf import hf_patch_size
+        from lookwhere.hf import hf_geometry
 
-        patch = hf_patch_size(args.hf)
+        patch, depth = hf_geometry(args.hf)
     elif args.teacher is not None:
         dense = _saved_teacher(args.teacher)
-        patch = dense.vit.config.patch_size
+        patch, depth = dense.vit.config.patch_size, dense.vit.config.depth
         if dense.vit.config.image_size != args.size:
             raise ValueError(
                 f"the teacher is for {dense.vit.config.image_size}px images, not --size {args.size}"
             )
     else:
-        patch = args.patch
-    selector_size = _check_geometry(args, patch, hf=args.hf is not None)
+        patch, depth = args.patch, args.depth
+    selector_size, selector_depth = _check_geometry(args, patch, depth, hf=args.hf is not None)
     lr = args.lr if args.lr is not None else (2e-5 if args.hf is not None else 5e-4)
     train = _task(args, "train", args.train_images)
     if args.hf is not None:
@@ -102,7 +110,7 @@ def _pretrain(args: argparse.Namespace) -> int:
 
         # our images are [0, 1]: DINOv2's ImageNet normalisation goes into its patch embedding
         vit, model = lookwhere_from_dinov2(
-            args.hf, image_size=args.size, selector_depth=args.selector_depth,
+            args.hf, image_size=args.size, selector_depth=selector_depth,
             selector_size=selector_size, k=args.k_range[1], normalize=True,
         )  # fmt: skip
     else:
@@ -110,7 +118,7 @@ def _pretrain(args: argparse.Namespace) -> int:
             dense = _train_teacher(args, train)
         vit = dense.vit
         model = lookwhere_from_teacher(
-            vit, selector_depth=args.selector_depth, selector_size=selector_size,
+            vit, selector_depth=selector_depth, selector_size=selector_size,
             num_classes=dense.head.out_features, k=args.k_range[1],
         )  # fmt: skip
         model.head.load_state_dict(dense.head.state_dict())
@@ -186,21 +194,41 @@ def _evaluate(args: argparse.Namespace) -> int:
     from lookwhere.evaluate import judge, target_recall
     from lookwhere.model import LookWhere
 
-    model, _ = checkpoint.load(args.checkpoint)
+    model, extra = checkpoint.load(args.checkpoint)
+    vit = model.extractor.vit if isinstance(model, LookWhere) else model.vit
+    if args.size is None:  # the resolution it was trained at
+        args.size = int(extra.get("size", vit.config.image_size))
+    if isinstance(model, LookWhere):
+        if isinstance(model.head, torch.nn.Identity):
+            raise ValueError(f"{args.checkpoint} has no classification head: fine-tune it first")
+        if args.size != vit.config.image_size:
+            raise cli.CommandError(
+                f"--size {args.size}: the checkpoint's extractor takes {vit.config.image_size}px "
+                "images"
+            )
+        patches = model.extractor.grid**2
+        for k in args.k or []:
+            if not 1 <= k <= patches:
+                raise cli.CommandError(
+                    f"--k {k} must be in [1, {patches}], the patches of a {args.size}px image"
+                )
+    elif args.k:
+        raise cli.CommandError("--k is for LookWhere checkpoints; this one is a dense ViT")
+    elif args.size % vit.config.patch_size:
+        raise cli.CommandError(
+            f"--size {args.size} is not a multiple of the model's {vit.config.patch_size}-pixel "
+            "patches"
+        )
     model = model.to(args.device)
     test = _task(args, "test", args.test_images)
     rows = []
     if isinstance(model, LookWhere):
-        if isinstance(model.head, torch.nn.Identity):
-            raise ValueError(f"{args.checkpoint} has no classification head: fine-tune it first")
         for k in args.k or [model.k]:
             recall = target_recall(model, test, k) if args.task == "sparse" else None
             point = judge("lookwhere", f"k={k}", lambda x, k=k: model(x, k=k).logits, test,
                           tokens=k, target_recall=recall, device=args.device)  # fmt: skip
             rows.append(point.to_dict())
     else:
-        if args.k:
-            raise cli.CommandError("--k is for LookWhere checkpoints; this one is a dense ViT")
         tokens = model.vit.config.grid**2
         rows.append(judge("dense", "all", model, test, tokens=tokens, device=args.device).to_dict())
     print(json.dumps(rows, indent=1))
@@ -220,7 +248,11 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 def _data_arguments(parser: argparse.ArgumentParser, *, train: bool) -> None:
     parser.add_argument("--task", choices=TASKS, default="sparse", help="benchmark task")
-    parser.add_argument("--size", type=cli.positive_int, default=96, help="image side (px)")
+    if train:
+        parser.add_argument("--size", type=cli.positive_int, default=96, help="image side (px)")
+    else:
+        parser.add_argument("--size", type=cli.positive_int,
+                            help="image side (px; default the checkpoint's)")  # fmt: skip
     parser.add_argument("--distractors", type=cli.nonnegative_int, default=2,
                         help="MNIST digits per sparse canvas")  # fmt: skip
     parser.add_argument("--seed", type=cli.nonnegative_int, default=0)
@@ -248,7 +280,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--depth", type=cli.positive_int, default=4)
     p.add_argument("--heads", type=cli.positive_int, default=4)
     p.add_argument("--patch", type=cli.positive_int, default=8)
-    p.add_argument("--selector-depth", type=cli.positive_int, default=1)
+    p.add_argument(
+        "--selector-depth",
+        type=cli.positive_int,
+        help="teacher blocks the selector keeps (default 1; the paper's 3 with --hf)",
+    )
     p.add_argument(
         "--selector-size",
         type=cli.positive_int,

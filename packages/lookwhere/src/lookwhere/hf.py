@@ -78,9 +78,14 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
     return renamed
 
 
-def hf_patch_size(folder: str | Path) -> int:
-    """The patch size in a DINOv2 folder's `config.json` (read without loading any weights)."""
-    return int(_read_config(Path(folder))["patch_size"])
+def hf_geometry(folder: str | Path) -> tuple[int, int]:
+    """`(patch_size, num_hidden_layers)` of a DINOv2 folder's `config.json` (read without loading
+    any weights)."""
+    config = _read_config(Path(folder))
+    missing = [key for key in ("patch_size", "num_hidden_layers") if key not in config]
+    if missing:
+        raise ValueError(f"{Path(folder) / 'config.json'} has no {' or '.join(missing)}")
+    return int(config["patch_size"]), int(config["num_hidden_layers"])
 
 
 def config_from_hf(config: dict, image_size: int | None = None) -> ViTConfig:
