@@ -33,7 +33,8 @@ class ViTConfig:
         layer_scale: Initial LayerScale value (DINOv2: 1e-5; 1.0 is a plain residual ViT).
         eps: LayerNorm epsilon (DINOv2: 1e-6).
         pos_antialias: Antialias when the position embeddings are resized to a smaller grid
-            (transformers and timm do; the anchor's `interpolate_pos_encoding` does not).
+            (timm and transformers' `Dinov2WithRegistersModel` do; transformers' `Dinov2Model`
+            and the anchor's `interpolate_pos_encoding` do not).
     """
 
     dim: int = 64
