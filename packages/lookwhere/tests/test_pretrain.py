@@ -239,3 +239,15 @@ def test_finetuning_restores_the_selector_when_training_fails():
     with pytest.raises(ValueError, match="batch_size 64 exceeds"):
         finetune_lookwhere(model, _Labelled(), settings)
     assert all(p.requires_grad for p in model.selector.parameters())
+
+
+def test_progress_bars_stay_out_of_redirected_logs(capsys):
+    from lookwhere.train import optimise
+
+    model = torch.nn.Linear(4, 1)
+
+    def loss_fn(indices, step, generator):
+        return model(torch.randn(4, 4, generator=generator)).pow(2).mean()
+
+    optimise(model, loss_fn, 16, TrainConfig(steps=20, batch_size=4), progress="demo")
+    assert capsys.readouterr().err == ""  # captured stderr is not a terminal: no bar

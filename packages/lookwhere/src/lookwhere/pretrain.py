@@ -169,7 +169,7 @@ def pretrain(
         config: Optimisation settings (the anchor: AdamW, warm-up cosine).
         k_range: `(k_min, k_max)`, the per-step number of visible tokens (the anchor: 16..128).
         weights: Weights of the three terms.
-        progress: A progress-bar label, or None for none.
+        progress: A progress-bar label (the bar shows only when stderr is a terminal), or None.
 
     Returns:
         Per step, the three terms and the total.

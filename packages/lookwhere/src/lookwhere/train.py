@@ -125,7 +125,10 @@ def optimise(
     if progress:
         from tqdm.auto import tqdm
 
-        steps = tqdm(steps, total=config.steps, desc=progress, leave=False)
+        # off when stderr is not a terminal (logs, CI), sparse when it is
+        steps = tqdm(
+            steps, total=config.steps, desc=progress, leave=False, disable=None, mininterval=5
+        )
     model.train()
     for step, indices in steps:
         for group in optimizer.param_groups:
