@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -59,6 +60,50 @@ def test_forgetting_counts_transitions_and_ranks_never_learned_first():
     scores = tracker.scores()
     assert scores[1] > scores[0] > scores[2]
     assert scores[3] == scores[1]
+
+
+def test_forgetting_scores_match_a_brute_force_count_over_presentations():
+    """Presentations of subsets (as a coreset trains): events counted example by example over
+    its own presentations; examples 5 and 6 are never presented and score the mean of the
+    presented ones, not as never learned."""
+    size = 7
+    history = [  # (indices presented, correct)
+        ([0, 1, 2, 3], [1, 0, 1, 0]),
+        ([2, 4], [0, 1]),
+        ([0, 1, 4], [0, 0, 1]),
+        ([4, 0, 2, 3], [0, 1, 1, 0]),
+        ([0, 4], [0, 1]),
+    ]
+    tracker = ForgettingTracker(size)
+    for indices, correct in history:
+        tracker.update(torch.tensor(correct, dtype=torch.bool), torch.tensor(indices))
+    sequences: dict[int, list[int]] = {}
+    for indices, correct in history:
+        for i, c in zip(indices, correct, strict=True):
+            sequences.setdefault(i, []).append(c)
+    expected = {}
+    for i, seq in sequences.items():
+        events = sum(a == 1 and b == 0 for a, b in itertools.pairwise(seq))
+        expected[i] = events if any(seq) else events + size + 1  # never learned: above all
+    mean = sum(expected.values()) / len(expected)
+    brute = [expected.get(i, mean) for i in range(size)]
+    assert [expected[i] for i in (0, 1, 2, 3, 4)] == [2, 8, 1, 8, 1]  # the history, by hand
+    torch.testing.assert_close(tracker.scores(), torch.tensor(brute), rtol=0, atol=1e-6)
+    assert tracker.scores()[5] < tracker.scores()[1]  # unseen is not ranked as never learned
+    # nothing presented yet: no information at all, every score equal
+    assert ForgettingTracker(3).scores().tolist() == [0.0, 0.0, 0.0]
+
+
+def test_forgetting_reselection_keeps_the_forgotten_examples():
+    """Top-k re-selection after one epoch on half the data keeps the examples that were
+    forgotten instead of swapping in the ones never presented."""
+    coreset = BitwiseCoreset(20, (4,), 0.5, score="forgetting", mode="top", seed=0)
+    first = coreset.subsets[4].clone()
+    forgotten = torch.arange(len(first)) % 2 == 1
+    coreset.observe(4, first, torch.ones(len(first), dtype=torch.bool))
+    coreset.observe(4, first, ~forgotten)
+    coreset.refresh(quantize(classifier(), bits=[4]), *data(20))
+    assert set(first[forgotten].tolist()) <= set(coreset.subsets[4].tolist())
 
 
 def test_top_selection_is_the_highest_scores():

@@ -7,8 +7,11 @@ Scores of every training example under one child model (one bit-width), larger =
   ``‖p − y‖₂·sqrt(‖h‖² + 1)`` for its input features ``h``: the exact per-example gradient norm of
   that layer, computed without per-example backward passes (GraNd restricted to the last layer).
 * ``"forgetting"``: how often an example went from correct to wrong between two of its
-  presentations in training (Toneva et al., 2019), never-learned examples first; counted from
-  the predictions the training steps make anyway, so it needs no scoring pass.
+  presentations in training (Toneva et al., 2019), never-learned examples (presented, never
+  correct) first; counted from the predictions the training steps make anyway, so it needs no
+  scoring pass. An example not presented yet at that bit-width (outside its subsets so far) has
+  no count: it gets the mean score of the presented ones, neither ranked as never learned nor
+  ruled out.
 * ``"random"``: uniform noise (the random-subset baseline).
 
 :func:`select` keeps a fraction of the examples: the highest scores (``"top"``), or a random
@@ -102,10 +105,16 @@ class ForgettingTracker:
         self.seen[indices] = True
 
     def scores(self) -> torch.Tensor:
-        """Events per example; never-learned examples rank above every learned one."""
-        return torch.where(
-            self.ever_correct, self.events.float(), self.events.float() + len(self.events) + 1.0
-        )
+        """Events per presented example, never-learned ones (presented, never correct) above
+        every learned one; examples never presented get the mean score of the presented ones
+        (0 for all if none was): their count carries no information, so they neither displace
+        the examples known to be hard nor are they excluded."""
+        events = self.events.float()
+        never_learned = self.seen & ~self.ever_correct
+        scores = torch.where(never_learned, events + len(self.events) + 1.0, events)
+        if self.seen.any():
+            scores[~self.seen] = scores[self.seen].mean()
+        return scores
 
 
 def importance_scores(
