@@ -117,6 +117,23 @@ def test_activation_sign_is_decided_at_the_first_forward():
     assert {int(layer.act_sign) for layer in forced.quant_layers()} == {1}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_quantize_creates_its_state_on_the_model_device(dtype):
+    """A model already on an accelerator (the meta device stands in: no values, any device
+    check applies) gets its LSQ steps and sign buffer on that device, the steps in its dtype,
+    and runs a forward there."""
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    config = QuantConfig(weight="lsq", activation="lsq")
+    model = quantize(net.to(device="meta", dtype=dtype), bits=[2, 4], config=config)
+    layer = model.quant_layers()[0]
+    state = dict(layer.named_parameters()) | dict(layer.named_buffers())
+    assert {name: t.device.type for name, t in state.items()} == dict.fromkeys(state, "meta")
+    assert {layer.act_steps[b].dtype for b in ("2", "4")} == {dtype}
+    # meta tensors have no values: skip the data-dependent step init and sign detection
+    layer._act_ready, layer._signed = True, False
+    assert model(torch.randn(3, 4, device="meta", dtype=dtype)).shape == (3, 2)
+
+
 def test_lsq_untrained_bit_width_keeps_the_nearest_clipping_range():
     config = QuantConfig(weight="lsq", activation="lsq")
     model = quantize(tiny_net(), bits=[2, 8], config=config)

@@ -95,7 +95,9 @@ class QuantLayer(nn.Module):
         self.bits = max(self.trained_bits)
         quantized = [b for b in self.trained_bits if b != FP_BITS]
         signed = {None: _UNKNOWN, False: _UNSIGNED, True: _SIGNED}[config.signed_activations]
-        self.register_buffer("act_sign", torch.tensor(signed, dtype=torch.int8))
+        # on the weight's device: quantize() may wrap a model already on an accelerator
+        device, dtype = self.weight.device, self.weight.dtype
+        self.register_buffer("act_sign", torch.tensor(signed, dtype=torch.int8, device=device))
         self.weight_steps = nn.ParameterDict()
         self.act_steps = nn.ParameterDict()
         rows = self.weight.shape[0]
@@ -105,7 +107,7 @@ class QuantLayer(nn.Module):
                 self.weight_steps[str(b)] = nn.Parameter(lsq_init_step(flat, b, dim=1))
             if config.quantize_activations and config.activation == "lsq":
                 # set from the first batch quantized (LSQ's data-dependent init)
-                self.act_steps[str(b)] = nn.Parameter(torch.zeros(1))
+                self.act_steps[str(b)] = nn.Parameter(torch.zeros(1, dtype=dtype, device=device))
         self._signed: bool | None = None
         self._act_ready = False
         self.register_load_state_dict_post_hook(_forget_cached_state)
