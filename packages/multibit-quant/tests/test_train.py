@@ -17,7 +17,7 @@ from multibit_quant import (
     quantize,
     train_multibit,
 )
-from multibit_quant.train import _step_plan
+from multibit_quant.train import _flip_where, _step_plan
 
 
 def blobs(n: int = 96, seed: int = 0) -> ImageData:
@@ -46,6 +46,18 @@ def test_step_plans():
     sampled = _step_plan((2, 4, 8), "sampled", 300, generator)
     counts = {b: sum(step == [b] for step in sampled) for b in (2, 4, 8)}
     assert all(70 < c < 130 for c in counts.values()), counts  # 100 ± 3 standard deviations
+
+
+def test_flips_mirror_the_chosen_images_on_their_device():
+    images = torch.arange(2 * 3 * 2 * 4, dtype=torch.float32).reshape(2, 3, 2, 4)
+    flips = torch.tensor([True, False])
+    flipped = _flip_where(images, flips)
+    torch.testing.assert_close(flipped[0], images[0, :, :, [3, 2, 1, 0]], rtol=0, atol=0)
+    torch.testing.assert_close(flipped[1], images[1], rtol=0, atol=0)
+    # images on an accelerator, flips from the CPU generator (meta stands in for the device)
+    on_device = _flip_where(images.to("meta"), flips)
+    assert on_device.device.type == "meta"
+    assert on_device.shape == images.shape
 
 
 def test_training_learns_and_evaluates_every_bit_width():

@@ -128,6 +128,13 @@ def _batches(indices: torch.Tensor, batch_size: int, generator: torch.Generator)
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
+def _flip_where(images: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
+    """``images (N, C, H, W)`` with the ones where ``flips (N,)`` bool is set mirrored left to
+    right; ``flips`` is drawn on the CPU (the seeded generator) and moved to the images."""
+    mask = flips.to(images.device)[:, None, None, None]
+    return torch.where(mask, images.flip(-1), images)
+
+
 def _soft_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return -(target * logits.log_softmax(-1)).sum(-1).mean()
 
@@ -213,7 +220,7 @@ def train_multibit(
                     flips = torch.rand(len(index), generator=generator) < 0.5
                 x = data.images[index]
                 if config.augment:
-                    x = torch.where(flips[:, None, None, None], x.flip(-1), x)
+                    x = _flip_where(x, flips)
                 x, y = x.to(device), data.labels[index].to(device)
                 model.set_bits(b)
                 logits = model(x)
