@@ -88,7 +88,7 @@ def test_activation_kernel(shape, method, signed, bits, triton_backend):
 
     def make(generator):
         x = torch.randn(*shape, generator=generator) * 0.8
-        step = torch.tensor([0.1]).requires_grad_(True) if method == "lsq" else None
+        step = torch.tensor([0.1], device=device).requires_grad_(True) if method == "lsq" else None
         return {"x": x.to(device).requires_grad_(True), "step": step}
 
     assert_kernel_matches(
