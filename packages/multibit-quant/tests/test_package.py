@@ -7,12 +7,15 @@ import importlib.metadata
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from PIL import Image
 
 import multibit_quant as mbq
 from kernels_common.results import ReproduceResults
 from kernels_common.testing import import_footprint, run_markdown_python
-from multibit_quant.__main__ import main
+from multibit_quant.__main__ import _checkpoint_data, _parser, main
 
 README = Path(__file__).parents[1] / "README.md"
 
@@ -58,6 +61,40 @@ def test_cli_train_evaluate_export(tmp_path, capsys):
     assert exported.is_file()
     assert report["predictions_equal"] == report["of"] == 64
     assert mbq.__version__ == importlib.metadata.version("multibit-quant")
+
+
+def _image_folders(root: Path, classes: int = 3, per_class: int = 10) -> None:
+    """``root/{train,test}/class<c>/<i>.png``, 8x8 grayscale noise."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for c in range(classes):
+            (root / split / f"class{c}").mkdir(parents=True)
+            for i in range(per_class):
+                pixels = rng.integers(0, 256, (8, 8), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / f"class{c}" / f"{i}.png")
+
+
+def test_cli_subsets_of_an_image_folder_are_stratified(tmp_path, capsys):
+    """--train-subset / --test-subset on an ImageFolder (read class by class) keep as many
+    images of every class, for train as for evaluate; too many is refused in one line."""
+    _image_folders(tmp_path / "data")
+    data = ["--dataset", "folder", "--data-path", str(tmp_path / "data")]
+    out = tmp_path / "run"
+    code = main(["train", "--width", "4", "--bits", "4", "--epochs", "1", *data,
+                 "--train-subset", "12", "--test-subset", "9", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    capsys.readouterr()
+    report = json.loads((out / "train.json").read_text())
+    assert report["trained_examples"] == {"4": 12}  # one epoch over the 12 kept images
+    args = _parser().parse_args(["evaluate", "--checkpoint", str(out), *data, "--test-subset", "9"])
+    test = _checkpoint_data(args, json.loads((out / "config.json").read_text()))
+    assert torch.bincount(test.labels).tolist() == [3, 3, 3]
+    args.test_subset = None
+    everything = _checkpoint_data(args, json.loads((out / "config.json").read_text()))
+    assert all((everything.images == image).all((1, 2, 3)).any() for image in test.images)
+    assert main(["evaluate", "--checkpoint", str(out), *data, "--test-subset", "31"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == "multibit-quant: error: --test-subset 31 asks for more than the 30 test images"
 
 
 @pytest.mark.parametrize(

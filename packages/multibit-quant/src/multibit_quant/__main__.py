@@ -58,8 +58,20 @@ def _export_file(text: str) -> Path:
     return cli.output_file(text)
 
 
+def _subset(data, size: int | None, option: str, split: str):
+    """A seeded, class-stratified subset of ``size`` images (as Fashion-MNIST's), or all."""
+    from multibit_quant.data import stratified_subset
+
+    if size is None:
+        return data
+    if size > len(data):
+        raise ValueError(f"{option} {size} asks for more than the {len(data)} {split} images")
+    return data.subset(stratified_subset(data.labels.numpy(), size, seed=0))
+
+
 def _load_data(args: argparse.Namespace, normalization=None):
-    """``(train, test)``; given a checkpoint's ``normalization``, scaled as in its training."""
+    """``(train, test)``; given a checkpoint's ``normalization``, scaled as in its training;
+    ``--train-subset`` / ``--test-subset`` keep a seeded, class-stratified subset."""
     from multibit_quant.data import cifar10_bigbench, fashion_mnist, image_folder
 
     if args.dataset == "fashion-mnist":
@@ -71,8 +83,13 @@ def _load_data(args: argparse.Namespace, normalization=None):
     if args.dataset == "folder":
         root = Path(args.data_path)
         train = image_folder(root / "train", normalization=normalization)
-        return train, image_folder(root / "test", normalization=train.normalization)
-    return cifar10_bigbench(args.data_path, normalization=normalization)  # 8,000 / 2,000
+        test = image_folder(root / "test", normalization=train.normalization)
+    else:
+        train, test = cifar10_bigbench(args.data_path, normalization=normalization)  # 8,000 / 2,000
+    return (
+        _subset(train, args.train_subset, "--train-subset", "training"),
+        _subset(test, args.test_subset, "--test-subset", "test"),
+    )
 
 
 def _checkpoint_data(args: argparse.Namespace, meta: dict):
@@ -84,8 +101,6 @@ def _checkpoint_data(args: argparse.Namespace, meta: dict):
             args.checkpoint,
         )
     _, test = _load_data(args, normalization)
-    if args.test_subset is not None and args.dataset != "fashion-mnist":
-        test = test.subset(range(min(args.test_subset, len(test))))
     return test
 
 
@@ -204,8 +219,14 @@ def _data_options(parser: argparse.ArgumentParser, subsets: bool = True) -> None
         help="Fashion-MNIST IDX folder, ImageFolder root (train/, test/) or CIFAR-10 task.json",
     )
     if subsets:
-        parser.add_argument("--train-subset", type=cli.positive_int, help="keep N training images")
-    parser.add_argument("--test-subset", type=cli.positive_int, help="keep N test images")
+        parser.add_argument(
+            "--train-subset",
+            type=cli.positive_int,
+            help="keep N training images (seeded, by class)",
+        )
+    parser.add_argument(
+        "--test-subset", type=cli.positive_int, help="keep N test images (seeded, by class)"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
