@@ -39,13 +39,17 @@ def test_el2n_matches_a_loop_over_examples():
         )
 
 
-def test_grad_norm_matches_per_example_autograd_of_the_classifier():
+@pytest.mark.parametrize("bias", [True, False])
+def test_grad_norm_matches_per_example_autograd_of_the_classifier(bias):
     model, (x, y) = classifier().eval(), data()
+    if not bias:
+        model[-1] = nn.Linear(7, 4, bias=False)
     scores = importance_scores(model, x, y, "grad_norm", batch_size=6)
     head = model[-1]
+    params = [head.weight, head.bias] if bias else [head.weight]
     for i in range(len(x)):
         loss = F.cross_entropy(model(x[i : i + 1]), y[i : i + 1])
-        grads = torch.autograd.grad(loss, [head.weight, head.bias])
+        grads = torch.autograd.grad(loss, params)
         norm = torch.cat([g.flatten() for g in grads]).norm()
         torch.testing.assert_close(scores[i], norm, rtol=1e-5, atol=1e-6)
 

@@ -4,8 +4,9 @@ Scores of every training example under one child model (one bit-width), larger =
 
 * ``"el2n"``: ``‖softmax(f(x)) − onehot(y)‖₂`` (Paul et al., 2021).
 * ``"grad_norm"``: the norm of the loss gradient of the classifier layer (weight and bias),
-  ``‖p − y‖₂·sqrt(‖h‖² + 1)`` for its input features ``h``: the exact per-example gradient norm of
-  that layer, computed without per-example backward passes (GraNd restricted to the last layer).
+  ``‖p − y‖₂·sqrt(‖h‖² + 1)`` for its input features ``h`` (``‖p − y‖₂·‖h‖₂`` without a bias):
+  the exact per-example gradient norm of that layer, computed without per-example backward
+  passes (GraNd restricted to the last layer).
 * ``"forgetting"``: how often an example went from correct to wrong between two of its
   presentations in training (Toneva et al., 2019), never-learned examples (presented, never
   correct) first; counted from the predictions the training steps make anyway, so it needs no
@@ -79,10 +80,13 @@ def el2n(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return (probs - F.one_hot(labels, probs.shape[1]).float()).norm(dim=1)
 
 
-def last_layer_grad_norm(probs: torch.Tensor, labels: torch.Tensor, feats: torch.Tensor):
-    """Per-example norm of the cross-entropy gradient of a linear classifier's weight and bias:
-    the gradient is ``(p − y) hᵀ`` and ``p − y``, so its norm is ``‖p − y‖·sqrt(‖h‖² + 1)``."""
-    return el2n(probs, labels) * (feats.square().sum(1) + 1).sqrt()
+def last_layer_grad_norm(
+    probs: torch.Tensor, labels: torch.Tensor, feats: torch.Tensor, bias: bool = True
+) -> torch.Tensor:
+    """Per-example norm of the cross-entropy gradient of a linear classifier's weight and, if it
+    has one (``bias``), its bias: the gradients are ``(p − y) hᵀ`` and ``p − y``, so the norm is
+    ``‖p − y‖·sqrt(‖h‖² + 1)``, or ``‖p − y‖·‖h‖`` without a bias."""
+    return el2n(probs, labels) * (feats.square().sum(1) + float(bias)).sqrt()
 
 
 class ForgettingTracker:
@@ -139,7 +143,7 @@ def importance_scores(
     probs, feats = predictions(model, images, batch_size, features=score == "grad_norm")
     if score == "el2n":
         return el2n(probs, labels)
-    return last_layer_grad_norm(probs, labels, feats)
+    return last_layer_grad_norm(probs, labels, feats, bias=_last_linear(model).bias is not None)
 
 
 def select(
