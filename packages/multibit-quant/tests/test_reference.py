@@ -176,6 +176,34 @@ def test_bad_weight_arguments(kwargs, error, message):
         fake_quant_weight(torch.randn(4, 3), **kwargs)
 
 
+@pytest.mark.parametrize("bad", [0.0, -0.1, math.nan, math.inf])
+def test_lsq_steps_must_be_finite_and_positive(bad):
+    """A zero step divides by zero (NaN out), a negative one flips the grid: both refused, for
+    the weight (any channel) and the activation quantizer."""
+    message = f"step must be finite and positive .*got {bad:g} at index 1"
+    with pytest.raises(ValueError, match=message):
+        fake_quant_weight(torch.randn(2, 3), 4, "lsq", torch.tensor([0.1, bad]))
+    with pytest.raises(ValueError, match=f"got {bad:g} at index 0"):
+        fake_quant_activation(torch.randn(5), 4, "lsq", torch.tensor([bad]))
+
+
+def test_layers_with_a_step_pushed_below_zero_still_quantize():
+    """An optimizer step can push a layer's LSQ step below 0: the layer clamps it at 1e-8 and
+    runs (the quantizers' step check does not refuse it)."""
+    from multibit_quant import QuantConfig, quantize
+
+    config = QuantConfig(weight="lsq", activation="lsq")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    model = quantize(net, bits=[4], config=config)
+    model(torch.randn(2, 3))  # initialises the activation steps
+    layer = model.quant_layers()[0]
+    with torch.no_grad():
+        layer.weight_steps["4"].fill_(-1.0)
+        layer.act_steps["4"].fill_(-1.0)
+    assert torch.isfinite(model(torch.randn(2, 3))).all()
+
+
 def test_straight_through_helpers_keep_values_exact():
     """``round`` and the gradient-scale identity give their forward values exactly (an
     ``x·s + (x − x·s)`` form is an ulp off for about 1% of steps)."""
@@ -198,3 +226,8 @@ def test_bad_inputs():
         fake_quant_activation([1.0, 2.0], 4)
     with pytest.raises(ValueError, match="unknown activation method"):
         fake_quant_activation(torch.randn(3), 4, "dorefa")
+    for method, step in (("clamp", None), ("lsq", torch.tensor([0.1]))):
+        with pytest.raises(ValueError, match=r"x must be non-empty, got shape \(0, 4\)"):
+            fake_quant_activation(torch.empty(0, 4), 4, method, step, backend="reference")
+    with pytest.raises(ValueError, match="values sharing a step must be at least 1, got 0"):
+        lsq_grad_scale(0, 4)

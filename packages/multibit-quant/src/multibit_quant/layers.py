@@ -162,7 +162,7 @@ class QuantLayer(nn.Module):
             )
         return fake_quant_activation(
             x, self.bits, self.config.activation, step, signed, grad_scale,
-            backend=self.config.backend,
+            backend=self.config.backend, check_step=False,  # clamped positive, no GPU sync
         )  # fmt: skip
 
     def quantized_weight(self, bits: int | None = None) -> torch.Tensor:
@@ -178,6 +178,7 @@ class QuantLayer(nn.Module):
             step,
             self.config.correction,
             backend=self.config.backend,
+            check_step=False,  # clamped positive by _step; reading it would sync a GPU
         )
         return flat.view_as(self.weight)
 

@@ -63,12 +63,23 @@ def _check_float(name: str, tensor: object) -> torch.Tensor:
     return tensor
 
 
-def _check_step(step: object, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+def _check_step(
+    step: object, shape: tuple[int, ...], device: torch.device, values: bool
+) -> torch.Tensor:
     step = _check_float("step", step)
     if tuple(step.shape) != shape:
         raise ValueError(f"step must have shape {shape}, got {tuple(step.shape)}")
     if step.device != device:
         raise ValueError(f"step is on {step.device}, the input on {device}")
+    if values:
+        detached = step.detach()
+        bad = ~(torch.isfinite(detached) & (detached > 0))
+        if bool(bad.any()):
+            index = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"step must be finite and positive (LSQ's step size), got "
+                f"{float(detached[index]):g} at index {index}"
+            )
     return step
 
 
@@ -81,6 +92,7 @@ def fake_quant_weight(
     grad_scale: float | None = None,
     *,
     backend: str | Backend | None = None,
+    check_step: bool = True,
 ) -> torch.Tensor:
     """Per-output-channel fake quantization of a weight, with optional bias correction.
 
@@ -91,12 +103,14 @@ def fake_quant_weight(
         bits: 2 to 8.
         method: ``"dorefa"`` (tanh-normalised, ``2^bits`` symmetric levels) or ``"lsq"``
             (learned step ``step (C,)``, codes ``[−2^{b−1}, 2^{b−1} − 1]``).
-        step: LSQ's per-channel steps (positive; the layers keep them so), differentiable;
-            ``None`` for DoReFa.
+        step: LSQ's per-channel steps (finite and positive; the layers keep them so),
+            differentiable; ``None`` for DoReFa.
         correction: ``"mean_var"`` (realign each channel's mean and std to the full-precision
             channel), ``"mean"``, or ``None``.
         grad_scale: LSQ's step-gradient scale (default ``1/sqrt(K·Q_p)``).
         backend: ``None``/``"auto"``, ``"triton"``, ``"interpreter"`` or ``"reference"``.
+        check_step: refuse a zero, negative or non-finite ``step`` (reads its values: one
+            synchronisation on a GPU; the layers, whose steps are clamped positive, skip it).
 
     Returns:
         ``(C, K)`` in ``weight``'s dtype; gradients by the straight-through estimator.
@@ -117,7 +131,7 @@ def fake_quant_weight(
     if correction not in CORRECTIONS:
         raise ValueError(f"unknown correction {correction!r}; choose one of {CORRECTIONS}")
     if method == "lsq":
-        step = _check_step(step, (weight.shape[0],), weight.device)
+        step = _check_step(step, (weight.shape[0],), weight.device, check_step)
     elif step is not None:
         raise ValueError("step is only used by method='lsq'")
     backend = _float64_backend(weight, backend)
@@ -133,30 +147,34 @@ def fake_quant_activation(
     grad_scale: float | None = None,
     *,
     backend: str | Backend | None = None,
+    check_step: bool = True,
 ) -> torch.Tensor:
     """Per-tensor fake quantization of an activation.
 
     Args:
-        x: any shape, float32, float16 or bfloat16.
+        x: any non-empty shape, float32, float16 or bfloat16.
         bits: 2 to 8.
         method: ``"clamp"`` (``round(clamp(x, 0, 1)·(2^b − 1))/(2^b − 1)``; signed: ``[−1, 1]``
             with ``2^{b−1} − 1`` levels a side) or ``"lsq"`` (learned scalar ``step (1,)``).
         signed: codes on both sides of zero (inputs that are not after a ReLU).
         grad_scale: LSQ's step-gradient scale (default ``1/sqrt(numel·Q_p)``).
         backend: as :func:`fake_quant_weight`.
+        check_step: as :func:`fake_quant_weight`.
 
     Returns:
         The fake-quantized ``x``; gradients by the straight-through estimator (zero where
         clamped) and, for LSQ, the step's gradient.
     """
     x = _check_float("x", x)
+    if x.numel() == 0:
+        raise ValueError(f"x must be non-empty, got shape {tuple(x.shape)}")
     check_bits(bits)
     if method not in ACTIVATION_METHODS:
         raise ValueError(
             f"unknown activation method {method!r}; choose one of {ACTIVATION_METHODS}"
         )
     if method == "lsq":
-        step = _check_step(step, (1,), x.device)
+        step = _check_step(step, (1,), x.device, check_step)
     elif step is not None:
         raise ValueError("step is only used by method='lsq'")
     backend = _float64_backend(x, backend)

@@ -62,6 +62,8 @@ def lsq_range(bits: int, signed: bool = True) -> tuple[int, int]:
 
 def lsq_grad_scale(per_step: int, bits: int, signed: bool = True) -> float:
     """LSQ's step-size gradient scale ``1/sqrt(N·Q_p)`` for ``per_step`` values sharing a step."""
+    if per_step < 1:
+        raise ValueError(f"the values sharing a step must be at least 1, got {per_step}")
     _, q_p = lsq_range(bits, signed)
     return float((per_step * q_p) ** -0.5)
 
