@@ -1,11 +1,12 @@
 """Triton kernels of the fake quantizers (see ``multibit_quant.reference`` for the math), with
 their launch wrappers. No autograd here: see ``multibit_quant.autograd``.
 
-Weights: one program per output channel walks its row in ``BLOCK_K`` chunks: row statistics
-(max, mean, spread), the quantized values and their statistics, then the bias-corrected output;
-the statistics the backward needs are saved per row. The backward recomputes the quantized values
-from the weight and applies the straight-through, LSQ and bias-correction gradients in the same
-row walk, so the fake-quantized weight and its Jacobian never round-trip through memory.
+Weights: one program per output channel walks its row in ``BLOCK_K`` chunks, three times (four
+with ``mean_var``): row statistics (max, mean, spread), the quantized values and their statistics
+(and their variance), then the bias-corrected output; the statistics the backward needs are saved
+per row. The backward recomputes the quantized values from the weight and applies the
+straight-through, LSQ and bias-correction gradients in two passes over the row (LSQ) or three
+(DoReFa), so the fake-quantized weight and its Jacobian never round-trip through memory.
 
 Activations: elementwise over the flattened tensor with one step; the LSQ step gradient is
 reduced per program and summed on the host side of the launch.
