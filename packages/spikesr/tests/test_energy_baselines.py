@@ -105,3 +105,5 @@ def test_bicubic_upscale_is_clipped_imresize():
     np.testing.assert_allclose(bicubic_upscale(lr, 2), np.clip(imresize(lr, 2), 0, 1), atol=1e-7)
     with pytest.raises(ValueError, match="scale must be one of"):
         bicubic_upscale(lr, 3)
+    with pytest.raises(ValueError, match=r"LR image has values in \[0, 248\].*divide by 255"):
+        bicubic_upscale(np.round(lr * 255), 2)

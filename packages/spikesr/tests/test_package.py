@@ -19,8 +19,8 @@ from kernels_common.testing import assert_refused, import_footprint, run_markdow
 from spikesr import checkpoint
 from spikesr.__main__ import main
 from spikesr.baselines import EDSR, bicubic_upscale
-from spikesr.data import benchmark_images, read_image
-from spikesr.evaluate import upscale
+from spikesr.data import Pair, benchmark_images, read_image
+from spikesr.evaluate import evaluate, upscale
 from spikesr.metrics import psnr
 from spikesr.model import SpikeSR
 from spikesr.resize import degrade, modcrop
@@ -113,6 +113,18 @@ def test_tiles_cover_any_shape_and_keep_the_mode():
     left = upscale(model, lr[:, :48], tile=None)  # the first tile alone, the same network
     # its columns that no other tile reaches are that tile's output exactly
     np.testing.assert_allclose(tiled[:, :64], left[:, :64], rtol=0, atol=1e-6)
+
+
+def test_upscale_and_evaluate_refuse_images_outside_unit_range(aero3):
+    model = spikesr.pretrained(4)
+    lr = degrade(modcrop(aero3[:64, :64], 4), 4)
+    with pytest.raises(ValueError, match=r"LR image has values in \[\d+, \d+\].*divide by 255"):
+        upscale(model, lr * 255)  # would come out nearly all white
+    with pytest.raises(ValueError, match="LR image has non-finite values"):
+        upscale(model, np.full_like(lr, np.nan))  # would come out all NaN
+    pairs = [Pair("aero3", modcrop(aero3[:64, :64], 4), lr)]
+    with pytest.raises(ValueError, match=r"aero3: the upscaler's output has values in \[\d+, \d+"):
+        evaluate(lambda image: np.round(bicubic_upscale(image, 4) * 255), pairs, 4)
 
 
 def test_upscale_command_on_a_real_image(tmp_path, aero3, capsys):

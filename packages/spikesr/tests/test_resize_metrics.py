@@ -53,6 +53,14 @@ def test_degrade_shapes_and_rounds():
         degrade(rng.random((50, 48, 3)), 4)
 
 
+def test_degrade_refuses_images_outside_unit_range():
+    hr = np.random.default_rng(0).random((16, 16, 3))
+    with pytest.raises(ValueError, match=r"HR image has values in \[0\.\d+, 254\.\d+\].*255"):
+        degrade(hr * 255, 4)  # would come out all ones, clipped
+    with pytest.raises(ValueError, match="HR image has non-finite values"):
+        degrade(np.where(hr > 0.5, np.nan, hr), 4)
+
+
 def test_y_channel_is_matlab_rgb2ycbcr():
     rng = np.random.default_rng(1)
     image = rng.random((9, 8, 3))
@@ -103,3 +111,25 @@ def test_bad_metric_inputs_are_refused():
         psnr(sr, hr, y_channel=True, crop=20)
     with pytest.raises(ValueError, match="needs an RGB image"):
         psnr(sr[..., 0], hr[..., 0], y_channel=True)
+
+
+@pytest.mark.parametrize("metric", [psnr, ssim])
+@pytest.mark.parametrize("round", [True, False])
+def test_images_outside_unit_range_are_refused_not_clipped(metric, round):
+    sr, hr = _pair(5)
+    flags = {"y_channel": True, "round": round}
+    assert (sr.min(), sr.max()) == (0, 1)  # sr is clipped: 0 and 1 themselves are in range
+    metric(sr, hr, **flags)
+    with pytest.raises(ValueError, match=r"SR image has values in \[0, 255\].*divide by 255"):
+        metric(sr * 255, hr, **flags)
+    with pytest.raises(ValueError, match=r"HR image has values in \[0, 255\]"):
+        metric(sr, np.round(hr * 255), **flags)
+    with pytest.raises(ValueError, match=r"SR image has values in \[-0\.1, 1\]"):
+        metric(np.where(sr < 0.05, -0.1, sr), hr, **flags)
+    bad = sr.copy()
+    bad[3, 4, 1] = np.nan
+    with pytest.raises(ValueError, match="SR image has non-finite values"):
+        metric(bad, hr, **flags)
+    bad[3, 4, 1] = np.inf
+    with pytest.raises(ValueError, match="SR image has non-finite values"):
+        metric(bad, hr, **flags)

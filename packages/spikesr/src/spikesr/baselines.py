@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from spikesr.metrics import check_unit_range
 from spikesr.model import SCALES, check_input
 from spikesr.resize import imresize
 
@@ -28,6 +29,7 @@ def bicubic_upscale(lr: np.ndarray, scale: int) -> np.ndarray:
     """MATLAB bicubic ``x scale`` of an ``(h, w, 3)`` image in [0, 1], clipped to [0, 1]."""
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {SCALES}, got {scale}")
+    check_unit_range(lr, "the LR image")
     return np.clip(imresize(lr, scale), 0.0, 1.0).astype(np.float32)
 
 

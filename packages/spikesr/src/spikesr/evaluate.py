@@ -46,6 +46,8 @@ def upscale(
 ) -> np.ndarray:
     """``model``'s upscaling of one ``(h, w, 3)`` image in [0, 1] -> ``(s h, s w, 3)`` in [0, 1].
 
+    Values outside [0, 1] (an image on the 0-255 scale) or NaN / inf are an error.
+
     Args:
         tile: LR tile side (None: the whole image at once).
         overlap: LR pixels shared by neighbouring tiles.
@@ -53,6 +55,7 @@ def upscale(
     lr = np.asarray(lr, dtype=np.float32)
     if lr.ndim != 3 or lr.shape[2] != 3:
         raise ValueError(f"expected an (H, W, 3) RGB image, got shape {lr.shape}")
+    metrics.check_unit_range(lr, "the LR image")
     smallest = min_input_size(model)
     if min(lr.shape[:2]) < smallest:
         raise ValueError(
@@ -123,6 +126,7 @@ def evaluate(upscaler: Upscaler, pairs: list[Pair], scale: int) -> Scores:
         sr = upscaler(pair.lr)
         if sr.shape != pair.hr.shape:
             raise ValueError(f"{pair.name}: the output is {sr.shape}, the HR image {pair.hr.shape}")
+        metrics.check_unit_range(sr, f"{pair.name}: the upscaler's output")
         p, s = metrics.score(sr, pair.hr, metrics.AUTHOR, scale)
         pb, sb = metrics.score(sr, pair.hr, metrics.BASICSR, scale)
         per_image[pair.name] = {"psnr": p, "ssim": s, "psnr_basicsr": pb, "ssim_basicsr": sb}

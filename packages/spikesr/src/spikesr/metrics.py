@@ -1,8 +1,8 @@
 """PSNR and SSIM with every convention explicit: Y or RGB, border crop, 8-bit rounding.
 
 Super-resolution papers disagree on how they score, and the differences are larger than the gains
-they report. Both functions take float images in [0, 1] (``(H, W, 3)`` or ``(H, W)``) and score
-on the 0-255 scale:
+they report. Both functions take float images in [0, 1] (``(H, W, 3)`` or ``(H, W)``; values
+outside it, or NaN, are an error rather than clipped) and score on the 0-255 scale:
 
 * ``y_channel``: score MATLAB's ``rgb2ycbcr`` luma ``16 + (65.481 R + 128.553 G + 24.966 B)``
   instead of the three RGB channels;
@@ -40,6 +40,22 @@ AUTHOR = Convention(y_channel=True, crop=0)
 BASICSR = Convention(y_channel=True, crop=None)
 
 
+def check_unit_range(image: np.ndarray, what: str = "the image") -> None:
+    """A clear error unless every value of ``image`` is finite and within [0, 1] (an image on the
+    0-255 scale, or NaN / inf, would otherwise be scored or resized into wrong numbers)."""
+    image = np.asarray(image)
+    if image.size == 0:
+        return
+    if not np.isfinite(image).all():
+        raise ValueError(f"{what} has non-finite values (NaN or inf)")
+    low, high = float(image.min()), float(image.max())
+    if low < 0.0 or high > 1.0:
+        hint = " (is it on the 0-255 scale? divide by 255)" if high > 1.0 else ""
+        raise ValueError(
+            f"{what} has values in [{low:.4g}, {high:.4g}]; expected floats in [0, 1]{hint}"
+        )
+
+
 def rgb_to_y(image: np.ndarray) -> np.ndarray:
     """MATLAB's ``rgb2ycbcr`` luma of an RGB image in [0, 1], on the 0-255 scale (16-235)."""
     return 16.0 + image.astype(np.float64) @ np.array([65.481, 128.553, 24.966])
@@ -50,10 +66,11 @@ def prepare(image: np.ndarray, *, y_channel: bool, crop: int = 0, round: bool = 
     image = np.asarray(image, dtype=np.float64)
     if image.ndim not in (2, 3) or (image.ndim == 3 and image.shape[2] != 3):
         raise ValueError(f"expected an (H, W) or (H, W, 3) image, got shape {image.shape}")
+    check_unit_range(image)
     if crop < 0 or 2 * crop >= min(image.shape[:2]):
         raise ValueError(f"border crop {crop} does not fit an image of {image.shape[:2]}")
     if round:
-        image = np.round(np.clip(image, 0.0, 1.0) * 255.0) / 255.0
+        image = np.round(image * 255.0) / 255.0
     if y_channel:
         if image.ndim != 3:
             raise ValueError("y_channel=True needs an RGB image (H, W, 3)")
@@ -68,6 +85,8 @@ def prepare(image: np.ndarray, *, y_channel: bool, crop: int = 0, round: bool = 
 def _pair(a: np.ndarray, b: np.ndarray, **flags) -> tuple[np.ndarray, np.ndarray]:
     if np.shape(a) != np.shape(b):
         raise ValueError(f"images differ in shape: {np.shape(a)} vs {np.shape(b)}")
+    check_unit_range(a, "the SR image")
+    check_unit_range(b, "the HR image")
     return prepare(a, **flags), prepare(b, **flags)
 
 

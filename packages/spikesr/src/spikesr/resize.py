@@ -18,6 +18,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from spikesr.metrics import check_unit_range
+
 
 def cubic(x: np.ndarray) -> np.ndarray:
     """Keys' cubic convolution kernel with ``a = -0.5`` (MATLAB's "bicubic")."""
@@ -76,7 +78,10 @@ def modcrop(image: np.ndarray, scale: int) -> np.ndarray:
 
 def degrade(hr: np.ndarray, scale: int, *, quantize: bool = True) -> np.ndarray:
     """The LR image of an HR float image in [0, 1]: MATLAB bicubic by ``1 / scale`` (HR sides
-    must be multiples of ``scale``), clipped, and rounded to 8-bit levels as a saved PNG is."""
+    must be multiples of ``scale``), clipped, and rounded to 8-bit levels as a saved PNG is.
+    Values outside [0, 1] (an image on the 0-255 scale) or NaN / inf are an error."""
+    hr = np.asarray(hr)
+    check_unit_range(hr, "the HR image")
     h, w = hr.shape[:2]
     if h % scale or w % scale:
         raise ValueError(
