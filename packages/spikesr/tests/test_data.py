@@ -45,6 +45,35 @@ def test_grayscale_is_refused_unless_asked(tmp_path):
         read_image(tmp_path / "missing.png")
 
 
+@pytest.mark.parametrize("suffix", [".png", ".tif"])
+def test_16_bit_grayscale_is_scaled_by_65535(tmp_path, suffix):
+    pixels = np.random.default_rng(1).integers(0, 65536, (6, 9), dtype=np.uint16)
+    pixels[0, :2] = 0, 65535
+    Image.fromarray(pixels).save(tmp_path / f"g16{suffix}")
+    with Image.open(tmp_path / f"g16{suffix}") as written:
+        assert written.mode.startswith("I;16")
+    with pytest.raises(ValueError, match=r"grayscale image \(mode I;16"):
+        read_image(tmp_path / f"g16{suffix}")
+    image = read_image(tmp_path / f"g16{suffix}", repeat_gray=True)  # 8 bits: nearly all ones
+    expected = np.repeat(pixels[..., None] / 65535.0, 3, axis=2)
+    np.testing.assert_allclose(image, expected, rtol=0, atol=6e-8)  # float32's spacing below 1
+
+
+def test_float_images_pass_through_in_unit_range(tmp_path):
+    pixels = np.random.default_rng(2).random((6, 9)).astype(np.float32)
+    Image.fromarray(pixels).save(tmp_path / "f.tif")
+    with Image.open(tmp_path / "f.tif") as written:
+        assert written.mode == "F"
+    image = read_image(tmp_path / "f.tif", repeat_gray=True)  # 8 bits: truncated to 0 or 1 / 255
+    np.testing.assert_array_equal(image, np.repeat(pixels[..., None], 3, axis=2))
+    Image.fromarray(pixels * 255).save(tmp_path / "f255.tif")
+    with pytest.raises(ValueError, match=r"f255\.tif \(a float image, PIL mode F\) has values"):
+        read_image(tmp_path / "f255.tif", repeat_gray=True)
+    Image.fromarray(np.arange(12, dtype=np.int32).reshape(3, 4) * 1000).save(tmp_path / "i.tif")
+    with pytest.raises(ValueError, match=r"32-bit integer image \(PIL mode I\)"):
+        read_image(tmp_path / "i.tif", repeat_gray=True)
+
+
 def test_folder_images_reads_class_folders(tmp_path):
     for name in ("Airport/a1.png", "Beach/b1.jpg", "notes.txt"):
         path = tmp_path / name

@@ -15,17 +15,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from spikesr.metrics import check_unit_range
 from spikesr.resize import degrade, modcrop
 
 # held out from training everywhere here: one aerial photograph and two classic test photos
 TEST_IMAGES = ("aero3", "baboon", "butterfly")
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff"}
+GRAY_MODES = ("1", "L", "LA", "La", "I", "F")  # and the 16-bit "I;16", "I;16B", ...
 
 
 def read_image(path: str | Path, *, repeat_gray: bool = False) -> np.ndarray:
     """An image file -> float32 ``(H, W, 3)`` in [0, 1] (alpha dropped).
 
     A grayscale file is an error unless ``repeat_gray`` (then its luma fills the 3 channels).
+    8-bit images are divided by 255, 16-bit grayscale ones (PIL modes ``I;16*``) by 65535, and
+    float ones (mode ``F``) are taken as they are, which must be within [0, 1]; 32-bit integer
+    images (mode ``I``) have no fixed range and are refused.
     """
     from PIL import Image
 
@@ -38,16 +43,26 @@ def read_image(path: str | Path, *, repeat_gray: bool = False) -> np.ndarray:
         raise ValueError(f"{path} is not a readable image ({type(error).__name__})") from None
     with opened as image:
         mode = image.mode
-        if mode in ("L", "LA", "I", "I;16", "F", "1"):
-            if not repeat_gray:
-                raise ValueError(
-                    f"{path} is a grayscale image (mode {mode}); SpikeSR needs RGB "
-                    "(pass repeat_gray=True / --repeat-gray to copy it to 3 channels)"
-                )
-            image = image.convert("L").convert("RGB")
+        if mode not in GRAY_MODES and not mode.startswith("I;16"):
+            return np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
+        if not repeat_gray:
+            raise ValueError(
+                f"{path} is a grayscale image (mode {mode}); SpikeSR needs RGB "
+                "(pass repeat_gray=True / --repeat-gray to copy it to 3 channels)"
+            )
+        if mode == "I":
+            raise ValueError(
+                f"{path} is a 32-bit integer image (PIL mode I), whose range is unknown; save it "
+                "with 8 or 16 bits per pixel, or as floats in [0, 1]"
+            )
+        if mode.startswith("I;16"):
+            gray = np.asarray(image, dtype=np.float64) / 65535.0
+        elif mode == "F":
+            gray = np.asarray(image, dtype=np.float64)
+            check_unit_range(gray, f"{path} (a float image, PIL mode F)")
         else:
-            image = image.convert("RGB")
-        return np.asarray(image, dtype=np.float32) / 255.0
+            gray = np.asarray(image.convert("L"), dtype=np.float64) / 255.0
+        return np.repeat(gray[..., None], 3, axis=2).astype(np.float32)
 
 
 def write_image(path: str | Path, image: np.ndarray) -> Path:
