@@ -88,6 +88,18 @@ def test_folder_images_reads_class_folders(tmp_path):
         folder_images(tmp_path / "empty")
 
 
+def test_folder_images_refuses_two_files_with_one_name(tmp_path):
+    Image.fromarray(np.zeros((4, 4, 3), dtype=np.uint8)).save(tmp_path / "scene.png")
+    Image.fromarray(np.full((4, 4, 3), 255, dtype=np.uint8)).save(tmp_path / "scene.jpg")
+    with pytest.raises(ValueError, match=r"scene\.jpg and .*scene\.png would both be the image"):
+        folder_images(tmp_path)  # one of them was silently dropped
+    (tmp_path / "scene.jpg").rename(tmp_path / "scene2.jpg")
+    images = folder_images(tmp_path)
+    assert sorted(images) == ["scene", "scene2"]
+    assert images["scene"].max() == 0
+    assert images["scene2"].min() == 1
+
+
 def test_benchmark_images_are_real_rgb_photographs():
     images = benchmark_images("all")
     assert set(TEST_IMAGES) <= set(images)

@@ -76,16 +76,23 @@ def write_image(path: str | Path, image: np.ndarray) -> Path:
 
 
 def folder_images(path: str | Path) -> dict[str, np.ndarray]:
-    """Every image under ``path`` (recursively, AID-style class folders), named by relative path."""
+    """Every image under ``path`` (recursively, AID-style class folders), named by relative path
+    without the suffix; two files with one name (``scene.png`` and ``scene.jpg``) are an error."""
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"no image folder at {root}")
     files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise FileNotFoundError(f"no images ({sorted(IMAGE_SUFFIXES)}) under {root}")
-    return {
-        str(p.relative_to(root).with_suffix("")): read_image(p, repeat_gray=True) for p in files
-    }
+    named: dict[str, Path] = {}
+    for file in files:
+        name = str(file.relative_to(root).with_suffix(""))
+        if name in named:
+            raise ValueError(
+                f"{named[name]} and {file} would both be the image {name!r}: keep one of them"
+            )
+        named[name] = file
+    return {name: read_image(file, repeat_gray=True) for name, file in named.items()}
 
 
 def benchmark_images(source: str = "all") -> dict[str, np.ndarray]:
