@@ -81,6 +81,40 @@ def test_checkpoint_refuses_broken_and_foreign_files(tmp_path):
         checkpoint.load(tmp_path / "missing.safetensors")
 
 
+def test_checkpoint_refuses_metadata_that_does_not_fit_its_weights(tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    model = SpikeSR(TINY)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+
+    def write(name: str, spec: dict, weights: dict = state) -> Path:
+        metadata = {"format_version": checkpoint.FORMAT_VERSION, "model": json.dumps(spec)}
+        save_file(weights, str(tmp_path / name), metadata=metadata)
+        return tmp_path / name
+
+    config = model.config.to_dict()
+    wider = write("wider.safetensors", {"kind": "spikesr", "config": config | {"width": 32}})
+    shapes = r"weights do not fit the model in its metadata \(shapes head\.weight \(16, 3, 3, 3\)"
+    with pytest.raises(ValueError, match=rf"wider\.safetensors: its {shapes} instead of \(32,"):
+        checkpoint.load(wider)
+    image = tmp_path / "in.png"
+    Image.fromarray(np.zeros((16, 16, 3), dtype=np.uint8)).save(image)
+    argv = ["upscale", str(image), str(tmp_path / "out.png"), "--weights", str(wider)]
+    assert_refused(main, argv, capsys, "spikesr", "wider.safetensors", "do not fit")
+    fewer = {k: v for k, v in state.items() if k != "tail.0.weight"}
+    fewer["extra.weight"] = torch.zeros(1)
+    partial = write("partial.safetensors", {"kind": "spikesr", "config": config}, fewer)
+    with pytest.raises(ValueError, match=r"missing tail\.0\.weight; unexpected extra\.weight"):
+        checkpoint.load(partial)
+    bare = write("bare.safetensors", {"kind": "spikesr"})
+    with pytest.raises(ValueError, match=r"bare\.safetensors: .* no model \(missing 'config'\)"):
+        checkpoint.load(bare)
+    odd = write("odd.safetensors", {"kind": "spikesr", "config": config | {"colour": 1}})
+    with pytest.raises(ValueError, match=r"odd\.safetensors: its model metadata .*colour"):
+        checkpoint.load(odd)
+    assert checkpoint.load(write("ok.safetensors", {"kind": "spikesr", "config": config}))
+
+
 @pytest.mark.parametrize("scale", [2, 4])
 def test_shipped_weights_beat_bicubic_on_a_held_out_aerial_photo(aero3, scale):
     model = spikesr.pretrained(scale)

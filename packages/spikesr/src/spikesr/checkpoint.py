@@ -77,10 +77,41 @@ def load(path: str | Path) -> tuple[nn.Module, dict]:
             f"{path} is not a spikesr weights file (metadata format_version "
             f"{metadata.get('format_version')!r}, expected {FORMAT_VERSION!r})"
         )
-    model = build(json.loads(metadata["model"]))
+    try:
+        model = build(json.loads(metadata["model"]))
+    except (KeyError, TypeError, ValueError) as error:  # JSONDecodeError is a ValueError
+        detail = f"missing {error}" if isinstance(error, KeyError) else str(error)
+        raise ValueError(f"{path}: its model metadata describes no model ({detail})") from None
     state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+    mismatch = state_mismatch(model.state_dict(), state)
+    if mismatch:
+        raise ValueError(f"{path}: its weights do not fit the model in its metadata ({mismatch})")
     model.load_state_dict(state)
     return model.eval(), json.loads(metadata.get("extra", "{}"))
+
+
+def state_mismatch(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor]) -> str:
+    """What differs between two state dicts, in a line ("" if they have the same keys and
+    shapes); up to three names of each kind."""
+
+    def some(names: list[str]) -> str:
+        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+    parts = []
+    missing = [k for k in expected if k not in found]
+    if missing:
+        parts.append(f"missing {some(missing)}")
+    unexpected = [k for k in found if k not in expected]
+    if unexpected:
+        parts.append(f"unexpected {some(unexpected)}")
+    shapes = [
+        f"{k} {tuple(found[k].shape)} instead of {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in found and found[k].shape != v.shape
+    ]
+    if shapes:
+        parts.append(f"shapes {some(shapes)}")
+    return "; ".join(parts)
 
 
 def pretrained_path(scale: int) -> Path:
