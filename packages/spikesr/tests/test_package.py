@@ -46,6 +46,30 @@ def test_import_is_lean():
     assert not any(footprint.values()), footprint
 
 
+def test_train_and_evaluate_from_public_names_only(tmp_path):
+    # what train() and evaluate() take is made by public functions, from image files on disk
+    rng = np.random.default_rng(0)
+    for i in range(2):
+        pixels = rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / f"{i}.png")
+    images = spikesr.folder_images(tmp_path)
+    np.testing.assert_array_equal(images["0"], spikesr.read_image(tmp_path / "0.png"))
+    pairs = spikesr.make_pairs(images, 2)
+    assert all(isinstance(pair, spikesr.Pair) for pair in pairs)
+    model = spikesr.SpikeSR(TINY)
+    sampler = spikesr.PatchSampler(pairs, 2, lr_patch=16)
+    log = spikesr.train(model, sampler, spikesr.TrainConfig(steps=1, batch_size=1, lr_patch=16))
+    assert isinstance(log, spikesr.TrainLog)
+    scores = spikesr.evaluate(spikesr.model_upscaler(model), pairs, 2)
+    bicubic = spikesr.evaluate(spikesr.bicubic_upscaler(2), pairs, 2)
+    expected = np.mean([psnr(bicubic_upscale(p.lr, 2), p.hr, y_channel=True) for p in pairs])
+    assert bicubic.psnr == pytest.approx(expected, rel=1e-12)
+    assert set(scores.per_image) == {"0", "1"}
+    spikesr.write_image(tmp_path / "out.png", spikesr.upscale(model, pairs[0].lr))
+    assert spikesr.read_image(tmp_path / "out.png").shape == pairs[0].hr.shape
+    assert set(spikesr.__all__) <= set(dir(spikesr))
+
+
 def test_version():
     assert spikesr.__version__ == importlib.metadata.version("spikesr")
 

@@ -95,10 +95,12 @@ def _upscale(model, lr, scale, tile, overlap, smallest, device) -> np.ndarray:
 
 
 def model_upscaler(model: nn.Module, **kwargs) -> Upscaler:
+    """``model`` as an upscaler for :func:`evaluate`: ``upscale(model, lr, **kwargs)``."""
     return lambda lr: upscale(model, lr, **kwargs)
 
 
 def bicubic_upscaler(scale: int) -> Upscaler:
+    """MATLAB bicubic ``x scale`` as an upscaler for :func:`evaluate`."""
     return lambda lr: bicubic_upscale(lr, scale)
 
 
