@@ -41,6 +41,28 @@ def test_upscaling_reproduces_a_linear_ramp_away_from_the_border():
     np.testing.assert_allclose(up[4:-4, 4:-4], expected[4:-4, 4:-4], rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize(("scale", "border"), [(0.25, 4), (4, 16)])
+def test_torch_antialiased_bicubic_is_ours_away_from_the_borders(scale, border):
+    # torch's antialiased bicubic uses a = -0.5 as MATLAB does (its plain bicubic a = -0.75) and
+    # renormalises the kernel cut at a border instead of mirroring: equal inside, not at the edges
+    import torch
+    import torch.nn.functional as F
+
+    image = np.random.default_rng(0).random((64, 64))
+
+    def torch_bicubic(antialias: bool) -> np.ndarray:
+        batch = torch.from_numpy(image)[None, None]
+        out = F.interpolate(
+            batch, scale_factor=scale, mode="bicubic", antialias=antialias, align_corners=False
+        )
+        return out[0, 0].numpy()
+
+    ours, inside = imresize(image, scale), (slice(border, -border),) * 2
+    np.testing.assert_allclose(torch_bicubic(True)[inside], ours[inside], rtol=0, atol=1e-12)
+    assert np.abs(torch_bicubic(True) - ours).max() > 1e-3
+    assert np.abs(torch_bicubic(False) - ours)[inside].max() > 1e-2
+
+
 def test_degrade_shapes_and_rounds():
     rng = np.random.default_rng(0)
     hr = modcrop(rng.random((50, 47, 3)), 4)

@@ -1,9 +1,10 @@
 """``spikesr reproduce``: the paper's claims in direction, at small scale on real data, on a CPU.
 
 A short ``x4`` training of six upscalers on random patches of the real photographs benchdata
-installs (opencv-doc's aerial photo ``aero1`` and scikit-image's natural images), then PSNR / SSIM
-on held-out images (the aerial ``aero3``, ``baboon`` and ``butterfly``), in the author's
-convention (Y channel, no border crop) and BasicSR's (Y, ``scale`` pixels cropped):
+installs (13 scikit-image samples, opencv-doc's aerial photo ``aero1`` and its ``building``,
+``fruits`` and ``home``), then PSNR / SSIM on held-out images (the aerial ``aero3``, ``baboon``
+and ``butterfly``), in the author's convention (Y channel, no border crop) and BasicSR's (Y,
+``scale`` pixels cropped):
 
 * bicubic (MATLAB's, as the degradation);
 * an EDSR-baseline CNN (16 residual blocks) as wide as gives SpikeSR's parameter count;

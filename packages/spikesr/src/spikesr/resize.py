@@ -7,8 +7,10 @@ indices past a border mirror back symmetrically (``..., 2, 1 | 1, 2, ... n | n, 
 Each axis is one matrix, so the resize is ``R_h @ image @ R_w^T``, computed in float64.
 
 The border is where implementations differ: MATLAB mirrors the image, while
-``torch.nn.functional.interpolate(mode="bicubic", antialias=True)`` renormalises a kernel cut at
-the border and uses ``a = -0.75``; LR images made one way are not the other's.
+``torch.nn.functional.interpolate(mode="bicubic", antialias=True)`` uses the same kernel
+(``a = -0.5``) but renormalises it where it is cut at the border; the two agree away from the
+borders and differ near them, so LR images made one way are not the other's. (Without
+``antialias``, torch's bicubic uses ``a = -0.75``.)
 """
 
 from __future__ import annotations
