@@ -173,6 +173,44 @@ def test_tiles_cover_any_shape_and_keep_the_mode():
     np.testing.assert_allclose(tiled[:, :64], left[:, :64], rtol=0, atol=1e-6)
 
 
+def test_upscale_moves_the_model_back_to_its_own_device(monkeypatch):
+    # one device here: the model's moves are recorded (it stays on the CPU, standing in for a
+    # second device); the gpu test below checks the parameters themselves
+    model = SpikeSR(TINY)
+    moves = []
+
+    def to(device):
+        moves.append(torch.device(device))
+        return model
+
+    monkeypatch.setattr(model, "to", to)
+    lr = np.random.default_rng(0).random((16, 16, 3)).astype(np.float32)
+    upscale(model, lr, device="cpu:0")
+    assert moves == [torch.device("cpu", 0), torch.device("cpu")]
+
+
+@pytest.mark.gpu
+def test_upscale_on_cuda_leaves_the_model_on_the_cpu():
+    model = SpikeSR(TINY)
+    lr = np.random.default_rng(0).random((16, 16, 3)).astype(np.float32)
+    on_cpu = upscale(model, lr)
+    on_cuda = upscale(model, lr, device="cuda")
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    np.testing.assert_allclose(on_cuda, on_cpu, rtol=0, atol=1e-4)  # float32 reordering
+
+
+def test_training_progress_bar_stays_off_when_stderr_is_not_a_terminal(capsys):
+    from spikesr.data import PatchSampler, make_pairs
+    from spikesr.train import TrainConfig, train
+
+    pairs = make_pairs({"a": np.random.default_rng(0).random((32, 32, 3))}, 2)
+    sampler = PatchSampler(pairs, 2, lr_patch=16)
+    train(
+        SpikeSR(TINY), sampler, TrainConfig(steps=2, batch_size=1, lr_patch=16), progress="a label"
+    )
+    assert "a label" not in capsys.readouterr().err  # captured: not a terminal
+
+
 def test_upscale_and_evaluate_refuse_images_outside_unit_range(aero3):
     model = spikesr.pretrained(4)
     lr = degrade(modcrop(aero3[:64, :64], 4), 4)

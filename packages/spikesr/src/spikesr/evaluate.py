@@ -8,6 +8,7 @@ seams, by a fraction of a grey level (measured in the tests).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -51,6 +52,8 @@ def upscale(
     Args:
         tile: LR tile side (None: the whole image at once).
         overlap: LR pixels shared by neighbouring tiles.
+        device: where the network runs; the model is moved there for the call and back to its
+            own device (and training mode) afterwards.
     """
     lr = np.asarray(lr, dtype=np.float32)
     if lr.ndim != 3 or lr.shape[2] != 3:
@@ -64,11 +67,14 @@ def upscale(
         )
     scale = network_scale(model)
     was_training = model.training
+    home = next(itertools.chain(model.parameters(), model.buffers()), None)
     model.eval().to(device)
     try:
         return _upscale(model, lr, scale, tile, overlap, smallest, device)
     finally:
         model.train(was_training)
+        if home is not None:
+            model.to(home.device)
 
 
 def _upscale(model, lr, scale, tile, overlap, smallest, device) -> np.ndarray:

@@ -73,7 +73,10 @@ def train(
     device: str | torch.device = "cpu",
     progress: bool | str = False,
 ) -> TrainLog:
-    """Train ``model`` in place on ``sampler``'s patches; returns the losses."""
+    """Train ``model`` in place on ``sampler``'s patches; returns the losses.
+
+    ``progress`` (True or a label) shows a progress bar when stderr is a terminal.
+    """
     from tqdm.auto import tqdm
 
     previous = torch.get_num_threads()
@@ -88,7 +91,9 @@ def train(
         losses = []
         label = progress if isinstance(progress, str) else "train"
         started = time.perf_counter()
-        for _ in tqdm(range(config.steps), desc=label, disable=not progress, leave=False):
+        # a bar only on a terminal (disable=None): logs of runs are not flooded with it
+        bar = tqdm(range(config.steps), desc=label, disable=None if progress else True, leave=False)
+        for _ in bar:
             lr, hr = sampler.sample(config.batch_size)
             loss = F.l1_loss(model(lr.to(device)), hr.to(device))
             if not torch.isfinite(loss):
