@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -109,54 +111,14 @@ def test_bad_input(call, message):
 def test_task_refuses_bad_source_ids(sources, message):
     base = cads.toy_task(per_source=4)
     with pytest.raises(ValueError, match=message):
-        cads.SelectionTask(
-            base.inputs,
-            base.targets,
-            sources,
-            base.source_names,
-            base.val_inputs,
-            base.val_targets,
-            base.test_inputs,
-            base.test_targets,
-            base.model_fn,
-        )
+        replace(base, sources=sources)
 
 
 def test_task_refuses_empty_sources_and_mismatches():
     base = cads.toy_task(per_source=4)
     with pytest.raises(ValueError, match=r"source\(s\) \['random-labels'\] hold no example"):
-        cads.SelectionTask(
-            base.inputs,
-            base.targets,
-            torch.zeros(8, dtype=torch.long),
-            base.source_names,
-            base.val_inputs,
-            base.val_targets,
-            base.test_inputs,
-            base.test_targets,
-            base.model_fn,
-        )
+        replace(base, sources=torch.zeros(8, dtype=torch.long))
     with pytest.raises(ValueError, match="training split: 8 inputs but 7 targets"):
-        cads.SelectionTask(
-            base.inputs,
-            base.targets[:7],
-            base.sources,
-            base.source_names,
-            base.val_inputs,
-            base.val_targets,
-            base.test_inputs,
-            base.test_targets,
-            base.model_fn,
-        )
+        replace(base, targets=base.targets[:7])
     with pytest.raises(ValueError, match="validation split is empty"):
-        cads.SelectionTask(
-            base.inputs,
-            base.targets,
-            base.sources,
-            base.source_names,
-            base.val_inputs[:0],
-            base.val_targets[:0],
-            base.test_inputs,
-            base.test_targets,
-            base.model_fn,
-        )
+        replace(base, val_inputs=base.val_inputs[:0], val_targets=base.val_targets[:0])

@@ -13,6 +13,18 @@ from lookwhere.hf import load_dinov2, lookwhere_from_dinov2
 ATOL = 1e-5  # float32, the same operations
 
 
+def _saved(model_class, config, tmp_path_factory, seed):
+    """A `model_class` with random, non-trivial weights everywhere, saved to a fresh folder."""
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.1)
+    folder = tmp_path_factory.mktemp(config.model_type)
+    model.save_pretrained(folder)
+    return folder, model
+
+
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory):
     config = transformers.Dinov2WithRegistersConfig(
@@ -25,14 +37,7 @@ def hf_folder(tmp_path_factory):
         num_register_tokens=4,
         layerscale_value=0.5,
     )
-    torch.manual_seed(0)
-    model = transformers.Dinov2WithRegistersModel(config).eval()
-    with torch.no_grad():  # random, non-trivial weights everywhere
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.1)
-    folder = tmp_path_factory.mktemp("dinov2")
-    model.save_pretrained(folder)
-    return folder, model
+    return _saved(transformers.Dinov2WithRegistersModel, config, tmp_path_factory, seed=0)
 
 
 @pytest.mark.parametrize("size", [32, 24, 48])
@@ -58,14 +63,7 @@ def plain_dinov2_folder(tmp_path_factory):
         image_size=32,
         layerscale_value=0.5,
     )
-    torch.manual_seed(1)
-    model = transformers.Dinov2Model(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.1)
-    folder = tmp_path_factory.mktemp("plain_dinov2")
-    model.save_pretrained(folder)
-    return folder, model
+    return _saved(transformers.Dinov2Model, config, tmp_path_factory, seed=1)
 
 
 @pytest.mark.parametrize("size", [32, 16, 24, 48])
